@@ -1,0 +1,1 @@
+"""Engine adapters: ``sim`` (built-in simulator) and ``openai`` (any OpenAI-compatible server)."""

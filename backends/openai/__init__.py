@@ -1,0 +1,1 @@
+"""The ``openai`` backend: any server that speaks the OpenAI HTTP API."""

@@ -1,0 +1,35 @@
+"""Options of the ``openai`` backend."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from shuniu.core.config import Options
+
+__all__ = ["OpenAIOptions"]
+
+
+class OpenAIOptions(Options):
+    base_url: str
+    """The server's API root, as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:9000/v1``."""
+    model: str | None = None
+    """Model name to send upstream; defaults to the name the client asked for."""
+    api_key: str | None = None
+    """Bearer token for the upstream (write ``${ENV_VAR}``; it is never logged)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra headers sent with every upstream request."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """Longest wait to open a connection."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Longest a whole upstream request may take."""
+    max_connections: int = Field(1024, ge=1)
+    """Pooled keep-alive connections to this endpoint, at most."""
+    health_path: str = "/models"
+    """Path under ``base_url`` probed by health checks (any 2xx is healthy)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")

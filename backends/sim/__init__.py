@@ -1,0 +1,1 @@
+"""The built-in engine simulator: the embedded default backend (``kind: sim``)."""

@@ -1,0 +1,23 @@
+"""Registers the ``sim`` backend."""
+
+from __future__ import annotations
+
+from shuniu.backends.sim.options import SimOptions
+from shuniu.core import hookimpl
+from shuniu.core.interfaces import EndpointSpec
+
+
+def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
+    from shuniu.backends.sim.backend import SimBackend
+
+    return SimBackend(spec)
+
+
+@hookimpl
+def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "sim",
+        _factory,
+        options=SimOptions,
+        description="Built-in simulated engine (no GPU): deterministic text at a set token rate.",
+    )

@@ -1,0 +1,304 @@
+"""Reading a deployment file: YAML → ``${ENV}`` interpolation → schema → plugin options.
+
+Every problem is collected (not just the first) with its field path and, where the YAML
+parser knows it, its line, so ``shuniu validate`` can print them all at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from shuniu.core.config import Deployment, EndpointConfig
+from shuniu.core.errors import ConfigError, Problem
+from shuniu.core.plugin_manager import Category, PluginManager
+
+__all__ = [
+    "QUICKSTART_NAME",
+    "ResolvedDeployment",
+    "expand_endpoints",
+    "interpolate_env",
+    "load_deployment",
+    "quickstart_text",
+]
+
+QUICKSTART_NAME = "<built-in quickstart>"
+_ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass
+class ResolvedDeployment:
+    """A validated deployment with every plugin's options validated too."""
+
+    deployment: Deployment
+    source: str
+    endpoint_options: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """(model, endpoint index) → validated backend options."""
+    balancer_options: dict[str, Any] = field(default_factory=dict)
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+
+
+def quickstart_text() -> str:
+    """The built-in deployment ``shuniu serve`` runs without a file."""
+    return resources.files("shuniu.core.data").joinpath("quickstart.yaml").read_text("utf-8")
+
+
+def _path(loc: tuple[Any, ...] | list[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _line_map(node: yaml.Node | None, prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    lines: dict[tuple[Any, ...], int] = {}
+    if node is None:
+        return lines
+    lines[prefix] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            key_path = (*prefix, key.value)
+            lines.update(_line_map(value, key_path))
+            lines[key_path] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_map(item, (*prefix, i)))
+    return lines
+
+
+def _line_for(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+    loc = tuple(loc)
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return lines.get(())
+
+
+def interpolate_env(
+    data: Any, problems: list[Problem], env: dict[str, str] | None = None, loc: tuple[Any, ...] = ()
+) -> Any:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string value; ``$$`` is a ``$``."""
+    environ = os.environ if env is None else env
+    if isinstance(data, dict):
+        return {k: interpolate_env(v, problems, environ, (*loc, k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [interpolate_env(v, problems, environ, (*loc, i)) for i, v in enumerate(data)]
+    if isinstance(data, str) and "$" in data:
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(0) == "$$":
+                return "$"
+            name, default = m.group(1), m.group(2)
+            if name in environ:
+                return environ[name]
+            if default is not None:
+                return default
+            problems.append(
+                Problem(
+                    _path(loc),
+                    f"environment variable {name} is not set (write ${{{name}:-default}} to give a default)",
+                )
+            )
+            return ""
+
+        return _ENV.sub(sub, data)
+    return data
+
+
+def _pydantic_problems(
+    exc: ValidationError, prefix: tuple[Any, ...], lines: dict[tuple[Any, ...], int], model: Any
+) -> list[Problem]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = (*prefix, *err["loc"])
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(model, err["loc"][:-1])
+            message = f"unknown field {err['loc'][-1]!r}"
+            if allowed:
+                message += "; expected one of: " + ", ".join(allowed)
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        elif (
+            "input" in err
+            and err["type"] not in ("value_error",)
+            and not isinstance(err["input"], dict | list)
+        ):
+            message += f" (got {err['input']!r})"
+        problems.append(Problem(_path(loc), message, _line_for(lines, loc)))
+    return problems
+
+
+def _allowed_fields(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """Field names valid at ``loc`` inside ``model``, to suggest on an unknown field."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(str(part))
+            if info is None:
+                current = None  # a dict key (e.g. a model name): descend into the dict's values
+                continue
+            current = _unwrap(info.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    args = getattr(annotation, "__args__", None)
+    if args:
+        for arg in args:
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return annotation if isinstance(annotation, type) else None
+
+
+def _validate_options(
+    registration_options: type | None,
+    raw: dict[str, Any],
+    prefix: tuple[Any, ...],
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+) -> Any:
+    if registration_options is None:
+        if raw:
+            problems.append(Problem(_path(prefix), "this takes no options", _line_for(lines, prefix)))
+        return None
+    try:
+        return TypeAdapter(registration_options).validate_python(raw)
+    except ValidationError as exc:
+        problems.extend(_pydantic_problems(exc, prefix, lines, registration_options))
+        return None
+
+
+def _unknown(category: Category, name: str, plugins: PluginManager) -> str:
+    names = ", ".join(sorted(plugins.registered(category))) or "(none)"
+    msg = f"unknown {category[:-1]} {name!r}; registered: {names}"
+    if plugins.failed:
+        msg += "; plugins that failed to load: " + ", ".join(f.name for f in plugins.failed)
+    return msg
+
+
+def load_deployment(
+    source: str | Path | None,
+    plugins: PluginManager,
+    *,
+    text: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ResolvedDeployment:
+    """Read, interpolate and validate a deployment; raise :class:`ConfigError` listing every
+    problem. ``source=None`` loads the built-in quickstart."""
+    if text is None:
+        if source is None:
+            text, name = quickstart_text(), QUICKSTART_NAME
+        else:
+            name = str(source)
+            try:
+                text = Path(source).read_text("utf-8")
+            except OSError as exc:
+                raise ConfigError([Problem("", f"cannot read file: {exc.strerror}")], name) from None
+    else:
+        name = str(source) if source is not None else "<text>"
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([Problem("", f"not valid YAML: {problem}", line)], name) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem("", "the file must be a YAML mapping with at least a `models:` section", 1)],
+            name,
+        )
+    lines = _line_map(root)
+    problems: list[Problem] = []
+    data = interpolate_env(data, problems, env)
+    try:
+        deployment = Deployment.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_pydantic_problems(exc, (), lines, Deployment))
+        raise ConfigError(problems, name) from None
+    resolved = ResolvedDeployment(deployment, name)
+    for model_name, model in deployment.models.items():
+        base = ("models", model_name)
+        for category, cfg, into in (
+            ("balancers", model.balancer, resolved.balancer_options),
+            ("schedulers", model.scheduler, resolved.scheduler_options),
+        ):
+            key = "balancer" if category == "balancers" else "scheduler"
+            reg = plugins.registered(category).get(cfg.policy)  # type: ignore[arg-type]
+            if reg is None:
+                loc = (*base, key, "policy")
+                problems.append(
+                    Problem(_path(loc), _unknown(category, cfg.policy, plugins), _line_for(lines, loc))  # type: ignore[arg-type]
+                )
+                continue
+            into[model_name] = _validate_options(
+                reg.options, cfg.options, (*base, key, "options"), lines, problems
+            )
+        backends = plugins.registered("backends")
+        for i, ep in enumerate(model.endpoints):
+            loc = (*base, "endpoints", i)
+            reg = backends.get(ep.kind)
+            if reg is None:
+                problems.append(
+                    Problem(
+                        _path((*loc, "kind")),
+                        _unknown("backends", ep.kind, plugins),
+                        _line_for(lines, (*loc, "kind")),
+                    )
+                )
+                continue
+            resolved.endpoint_options[(model_name, i)] = _validate_options(
+                reg.options, ep.options, (*loc, "options"), lines, problems
+            )
+    seen: dict[str, tuple[Any, ...]] = {}
+    for model_name, model in deployment.models.items():
+        for i, _replica, ep_name in expand_endpoints(model_name, model.endpoints):
+            loc = ("models", model_name, "endpoints", i)
+            if ep_name in seen and seen[ep_name] != loc:
+                problems.append(
+                    Problem(
+                        _path((*loc, "name")),
+                        f"endpoint name {ep_name!r} is already used at {_path(seen[ep_name])}",
+                        _line_for(lines, loc),
+                    )
+                )
+            seen.setdefault(ep_name, loc)
+    if problems:
+        raise ConfigError(problems, name)
+    return resolved
+
+
+def expand_endpoints(model: str, endpoints: list[EndpointConfig]) -> list[tuple[int, int, str]]:
+    """(entry index, replica, endpoint name) for every endpoint a model's entries expand to.
+
+    Unnamed endpoints are numbered across the model (``chat-0``, ``chat-1``, ...); a named
+    entry with several replicas gets ``-0``, ``-1``, ... appended.
+    """
+    out: list[tuple[int, int, str]] = []
+    counter = 0
+    for i, ep in enumerate(endpoints):
+        for r in range(ep.replicas):
+            if ep.name is None:
+                name = f"{model}-{counter}"
+            else:
+                name = ep.name if ep.replicas == 1 else f"{ep.name}-{r}"
+            counter += 1
+            out.append((i, r, name))
+    return out

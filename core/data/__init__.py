@@ -1,0 +1,1 @@
+"""Data files shipped with shuniu (the built-in quickstart deployment)."""

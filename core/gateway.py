@@ -1,0 +1,516 @@
+"""The gateway: builds pools from a deployment, runs the request pipeline, serves HTTP.
+
+The two inference routes are raw ASGI handlers (mounted in the Litestar app) so the hot
+path is: read body → parse → route → scheduler.admit → backend.stream → SSE out, with no
+framework layers, no per-request ``pm.hook`` calls and no per-request INFO logging.
+Everything else (models, health, readiness, errors for unknown routes) is ordinary Litestar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, asgi, get
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+
+from shuniu.core.config_loader import ResolvedDeployment, expand_endpoints
+from shuniu.core.errors import (
+    GatewayError,
+    context_too_long,
+    method_not_allowed,
+    model_not_found,
+    not_found,
+    upstream_error,
+)
+from shuniu.core.http import Receive, Scope, Send, new_request_id, read_body, send_error, send_json
+from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
+from shuniu.core.plugin_manager import PluginManager
+from shuniu.core.pool import EndpointState, Pool, Ticket
+from shuniu.core.types import Api, InferenceRequest, Outcome, RequestRecord
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("shuniu.gateway")
+_encode = msgspec.json.Encoder().encode
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class _Disconnect:
+    """Watches ``receive`` for the client going away and cancels the handler task."""
+
+    __slots__ = ("disconnected", "finished", "task")
+
+    def __init__(self) -> None:
+        self.disconnected = False
+        self.finished = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, receive: Receive) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._watch(receive, asyncio.current_task()))
+
+    async def _watch(self, receive: Receive, handler: asyncio.Task[Any] | None) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished and handler is not None:
+                    self.disconnected = True
+                    handler.cancel()
+                return
+
+    def stop(self) -> None:
+        self.finished = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Gateway:
+    """One gateway process: pools, their endpoints, and the HTTP app serving them."""
+
+    def __init__(self, resolved: ResolvedDeployment, plugins: PluginManager) -> None:
+        self.resolved = resolved
+        self.config = resolved.deployment
+        self.plugins = plugins
+        self.pools: dict[str, Pool] = {}
+        self.routes: dict[str, Pool] = {}
+        self.draining = False
+        self.started = False
+        self._health_tasks: list[asyncio.Task[None]] = []
+        self._observers: list[Callable[[RequestRecord], Any]] = plugins.hook_functions("request_finished")
+        self._max_body = self.config.gateway.max_body_bytes
+        self._created_models = int(time.time())
+        self._build()
+        self.app = self._make_app()
+
+    # -- building ----------------------------------------------------------------------
+
+    def _build(self) -> None:
+        backends = self.plugins.registered("backends")
+        balancers = self.plugins.registered("balancers")
+        schedulers = self.plugins.registered("schedulers")
+        for model_name, model in self.config.models.items():
+            endpoints: list[EndpointState] = []
+            for index, replica, ep_name in expand_endpoints(model_name, model.endpoints):
+                ep_cfg = model.endpoints[index]
+                spec = EndpointSpec(
+                    name=ep_name,
+                    model=model_name,
+                    options=self.resolved.endpoint_options.get((model_name, index)),
+                    replica=replica,
+                    max_model_len=model.max_model_len,
+                )
+                backend = backends[ep_cfg.kind].factory(spec)
+                endpoints.append(
+                    EndpointState(
+                        ep_name,
+                        backend,
+                        weight=ep_cfg.weight,
+                        version=ep_cfg.version,
+                        max_concurrency=ep_cfg.max_concurrency,
+                    )
+                )
+            balancer = balancers[model.balancer.policy].factory(
+                self.resolved.balancer_options.get(model_name)
+            )
+            scheduler = schedulers[model.scheduler.policy].factory(
+                self.resolved.scheduler_options.get(model_name)
+            )
+            pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
+            self.pools[model_name] = pool
+            for alias in [model_name, *model.aliases]:
+                self.routes[alias] = pool
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every backend, the health checkers, and run the start-up hooks."""
+        await asyncio.gather(*(e.backend.start() for p in self.pools.values() for e in p.endpoints))
+        for pool in self.pools.values():
+            if pool.max_model_len is None:
+                lens = [e.backend.max_model_len for e in pool.endpoints if e.backend.max_model_len]
+                pool.max_model_len = min(lens) if lens else None
+            cfg = self.config.models[pool.name].health
+            for endpoint in pool.endpoints:
+                self._health_tasks.append(
+                    asyncio.create_task(
+                        self._health_loop(pool, endpoint, cfg), name=f"health:{endpoint.name}"
+                    )
+                )
+        for fn in self.plugins.hook_functions("gateway_startup"):
+            result = fn(gateway=self)
+            if inspect.isawaitable(result):
+                await result
+        self.started = True
+
+    async def stop(self) -> None:
+        self.draining = True
+        for fn in self.plugins.hook_functions("gateway_shutdown"):
+            try:
+                result = fn(gateway=self)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("a gateway_shutdown hook failed")
+        for task in self._health_tasks:
+            task.cancel()
+        await asyncio.gather(*self._health_tasks, return_exceptions=True)
+        self._health_tasks.clear()
+        results = await asyncio.gather(
+            *(e.backend.stop() for p in self.pools.values() for e in p.endpoints), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("a backend failed to stop cleanly: %r", r)
+
+    async def _health_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
+        fails = passes = 0
+        while True:
+            try:
+                health = await asyncio.wait_for(endpoint.backend.health(), cfg.timeout_s)
+                ok, detail = health.ok, health.detail
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            try:
+                endpoint.load = await asyncio.wait_for(endpoint.backend.load(), cfg.timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                endpoint.load = None
+            endpoint.last_health_detail = detail
+            if ok:
+                passes, fails = passes + 1, 0
+                if not endpoint.healthy and passes >= cfg.healthy_after:
+                    log.warning("endpoint %s is healthy again", endpoint.name)
+                    pool.set_healthy(endpoint, True)
+            else:
+                fails, passes = fails + 1, 0
+                if endpoint.healthy and fails >= cfg.unhealthy_after:
+                    log.warning("endpoint %s is unhealthy: %s", endpoint.name, detail)
+                    pool.set_healthy(endpoint, False)
+            await asyncio.sleep(cfg.interval_s)
+
+    # -- the hot path ------------------------------------------------------------------
+
+    async def handle(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+        """One inference request, from raw ASGI to the last byte."""
+        request_id = new_request_id(scope)
+        loop = asyncio.get_running_loop()
+        if scope["method"] != "POST":
+            await send_error(send, method_not_allowed(scope["method"], scope["path"]), request_id)
+            return
+        try:
+            raw = await read_body(scope, receive, self._max_body)
+            req = parse_request(raw, api, request_id, loop.time())
+            pool = self.routes.get(req.model)
+            if pool is None:
+                raise model_not_found(req.model)
+            self._check_context(req, pool)
+        except GatewayError as err:
+            await send_error(send, err, request_id)
+            return
+        watch = _Disconnect()
+        watch.start(receive)
+        record = _Progress()
+        try:
+            if req.stream:
+                await self._stream(req, pool, send, loop, record)
+            else:
+                await self._complete(req, pool, send, loop, record)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            record.outcome = Outcome.CANCELLED
+            record.status = 499
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+        finally:
+            watch.stop()
+            if self._observers:
+                self._notify(req, record, loop.time())
+
+    def _check_context(self, req: InferenceRequest, pool: Pool) -> None:
+        limit = pool.max_model_len
+        if limit is None:
+            return
+        wanted = req.max_tokens or 0
+        if req.prompt_tokens + wanted > limit or req.prompt_tokens >= limit:
+            raise context_too_long(limit, req.prompt_tokens, wanted)
+
+    async def _admit(self, req: InferenceRequest, pool: Pool, record: _Progress) -> Ticket:
+        ticket = await pool.scheduler.admit(req, pool)
+        record.endpoint = ticket.endpoint.name
+        record.admitted = ticket.admitted
+        return ticket
+
+    async def _complete(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        record: _Progress,
+    ) -> None:
+        try:
+            ticket = await self._admit(req, pool, record)
+        except GatewayError as err:
+            record.fail(err)
+            await send_error(send, err, req.id)
+            return
+        outcome = Outcome.ERROR
+        try:
+            result = await ticket.endpoint.backend.complete(req)
+            outcome = Outcome.OK
+        except GatewayError as err:
+            record.fail(err)
+            await send_error(send, err, req.id)
+            return
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            raise
+        except Exception as exc:
+            err = _backend_failure(ticket.endpoint, exc)
+            record.fail(err)
+            await send_error(send, err, req.id)
+            return
+        finally:
+            pool.scheduler.release(ticket, outcome)
+        record.first_token = loop.time()
+        record.prompt_tokens = result.usage.prompt_tokens
+        record.completion_tokens = result.usage.completion_tokens
+        await send_json(send, 200, encode_completion(req, result), req.id)
+
+    async def _stream(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        record: _Progress,
+    ) -> None:
+        try:
+            ticket = await self._admit(req, pool, record)
+        except GatewayError as err:
+            record.fail(err)
+            await send_error(send, err, req.id)
+            return
+        encoder = StreamEncoder(req)
+        gen = ticket.endpoint.backend.stream(req)
+        outcome = Outcome.ERROR
+        started = False
+        try:
+            try:
+                first = await gen.__anext__()
+            except StopAsyncIteration:
+                first = None
+            # The first byte goes out only once the engine produced something, so a failure
+            # before it is still an ordinary HTTP error the client (or a retry) can act on.
+            record.first_token = loop.time()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*_SSE_HEADERS, (b"x-request-id", req.id.encode())],
+                }
+            )
+            started = True
+            head = encoder.start()
+            if first is not None:
+                head += encoder.chunk(first)
+                await send({"type": "http.response.body", "body": head, "more_body": True})
+                async for chunk in gen:
+                    data = encoder.chunk(chunk)
+                    if data:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+            elif head:
+                await send({"type": "http.response.body", "body": head, "more_body": True})
+            outcome = Outcome.OK
+            await send({"type": "http.response.body", "body": encoder.end(), "more_body": False})
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            raise
+        except Exception as exc:
+            err = exc if isinstance(exc, GatewayError) else _backend_failure(ticket.endpoint, exc)
+            record.fail(err)
+            if started:
+                record.status = 200
+                await send(
+                    {"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False}
+                )
+            else:
+                await send_error(send, err, req.id)
+        finally:
+            try:
+                await gen.aclose()
+            finally:
+                pool.scheduler.release(ticket, outcome)
+                usage = encoder.final_usage()
+                record.prompt_tokens = usage.prompt_tokens
+                record.completion_tokens = usage.completion_tokens
+
+    def _notify(self, req: InferenceRequest, progress: _Progress, now: float) -> None:
+        rec = RequestRecord(
+            id=req.id,
+            model=req.model,
+            api=req.api,
+            stream=req.stream,
+            status=progress.status,
+            outcome=progress.outcome if progress.outcome is not None else Outcome.OK,
+            endpoint=progress.endpoint,
+            error_code=progress.error_code,
+            prompt_tokens=progress.prompt_tokens,
+            completion_tokens=progress.completion_tokens,
+            arrival=req.arrival,
+            admitted=progress.admitted,
+            first_token=progress.first_token,
+            finished=now,
+            principal=req.principal,
+        )
+        for fn in self._observers:
+            try:
+                fn(record=rec)
+            except Exception:
+                log.exception("a request_finished observer failed")
+
+    # -- the HTTP app ------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        models: dict[str, Any] = {}
+        ready = self.started and not self.draining
+        for name, pool in self.pools.items():
+            healthy = sum(1 for e in pool.endpoints if e.healthy)
+            ready = ready and healthy > 0
+            models[name] = {
+                "healthy_endpoints": healthy,
+                "endpoints": [
+                    {
+                        "name": e.name,
+                        "kind": e.backend.kind,
+                        "version": e.version,
+                        "healthy": e.healthy,
+                        "detail": e.last_health_detail,
+                        "in_flight": e.in_flight,
+                        "completed": e.completed,
+                        "errors": e.errors,
+                        "load": msgspec.to_builtins(e.load) if e.load is not None else None,
+                    }
+                    for e in pool.endpoints
+                ],
+            }
+        status = "draining" if self.draining else ("ready" if ready else "not_ready")
+        return ready, {"status": status, "models": models}
+
+    def _make_app(self) -> Litestar:
+        gateway = self
+
+        @asgi("/v1/chat/completions", copy_scope=False)
+        async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+            await gateway.handle("chat", scope, receive, send)
+
+        @asgi("/v1/completions", copy_scope=False)
+        async def completions(scope: Scope, receive: Receive, send: Send) -> None:
+            await gateway.handle("completions", scope, receive, send)
+
+        @get("/v1/models", sync_to_thread=False)
+        def models() -> Response[bytes]:
+            data = []
+            for name, model in gateway.config.models.items():
+                pool = gateway.pools[name]
+                for alias in [name, *model.aliases]:
+                    data.append(
+                        {
+                            "id": alias,
+                            "object": "model",
+                            "created": gateway._created_models,
+                            "owned_by": model.owned_by,
+                            "root": name,
+                            "max_model_len": pool.max_model_len,
+                        }
+                    )
+            return _json_response(200, {"object": "list", "data": data})
+
+        @get("/health", sync_to_thread=False)
+        def health() -> Response[bytes]:
+            return _json_response(200, {"status": "ok"})
+
+        @get("/ready", sync_to_thread=False)
+        def ready() -> Response[bytes]:
+            ok, body = gateway.readiness()
+            return _json_response(200 if ok else 503, body)
+
+        return Litestar(
+            route_handlers=[chat_completions, completions, models, health, ready],
+            exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+            on_startup=[self.start],
+            on_shutdown=[self.stop],
+            openapi_config=None,
+            debug=False,
+            logging_config=None,
+        )
+
+
+class _Progress:
+    """What the pipeline learned about one request, for the observers."""
+
+    __slots__ = (
+        "admitted",
+        "completion_tokens",
+        "endpoint",
+        "error_code",
+        "first_token",
+        "outcome",
+        "prompt_tokens",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.outcome: Outcome | None = None
+        self.endpoint: str | None = None
+        self.error_code: str | None = None
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def fail(self, err: GatewayError) -> None:
+        self.status = err.status
+        self.outcome = Outcome.ERROR
+        self.error_code = err.code
+
+
+def _backend_failure(endpoint: EndpointState, exc: BaseException) -> GatewayError:
+    log.error("endpoint %s failed: %s: %s", endpoint.name, type(exc).__name__, exc)
+    return upstream_error(f"The engine endpoint {endpoint.name} failed ({type(exc).__name__}).")
+
+
+def _json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(_encode(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if isinstance(exc, NotFoundException):
+        err = not_found(request.url.path)
+    elif isinstance(exc, MethodNotAllowedException):
+        err = method_not_allowed(request.method, request.url.path)
+    else:
+        err = GatewayError(exc.status_code, str(exc.detail), code="http_error")
+    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
+    err = GatewayError(500, "The gateway hit an internal error.", type="server_error", code="internal_error")
+    return Response(err.body(), status_code=500, media_type="application/json")

@@ -1,0 +1,104 @@
+"""Small raw-ASGI helpers for the hot path: headers, body reading, JSON responses."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from shuniu.core.errors import GatewayError, bad_request, payload_too_large
+
+__all__ = [
+    "Receive",
+    "Scope",
+    "Send",
+    "header",
+    "new_request_id",
+    "read_body",
+    "send_error",
+    "send_json",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_MAX_ID = 128
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """First value of a (lower-case) request header."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+_prefix = os.urandom(4).hex()
+_counter = 0
+
+
+def new_request_id(scope: Scope) -> str:
+    """The client's ``x-request-id`` when it is sane, else a fresh process-unique id."""
+    given = header(scope, b"x-request-id")
+    if given is not None and 0 < len(given) <= _MAX_ID and given.isascii():
+        text = given.decode("ascii")
+        if text.isprintable() and " " not in text:
+            return text
+    global _counter
+    _counter += 1
+    return f"{_prefix}{_counter:x}"
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole request body, or a 413 as soon as it is known to exceed ``limit``."""
+    length = header(scope, b"content-length")
+    if length is not None:
+        try:
+            declared = int(length)
+        except ValueError:
+            raise bad_request("Invalid Content-Length header.") from None
+        if declared > limit:
+            raise payload_too_large(limit)
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise payload_too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise bad_request("The client closed the connection before sending the whole body.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise payload_too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    body: bytes,
+    request_id: str,
+    extra_headers: dict[str, str] | None = None,
+) -> None:
+    headers = [
+        _JSON,
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    if extra_headers:
+        headers.extend((k.encode(), v.encode()) for k, v in extra_headers.items())
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_error(send: Send, err: GatewayError, request_id: str) -> None:
+    await send_json(send, err.status, err.body(), request_id, err.headers)

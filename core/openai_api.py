@@ -1,0 +1,338 @@
+"""The OpenAI wire format: request parsing/validation and response/SSE encoding.
+
+Requests are decoded once with msgspec, checked against typed structs, and kept as the
+decoded dict for pass-through. Streamed chunks are written from per-request byte templates,
+so the per-token cost is one JSON string encode and two byte concatenations.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import msgspec
+
+from shuniu.core.errors import GatewayError, bad_request
+from shuniu.core.tokens import count_tokens
+from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
+
+__all__ = ["StreamEncoder", "encode_completion", "parse_request"]
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Common(msgspec.Struct):
+    model: str
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    user: str | None = None
+    n: int | None = None
+    ignore_eos: bool = False
+
+
+class _ChatBody(_Common):
+    messages: list[_Message] = msgspec.field(default_factory=list)
+
+
+class _CompletionBody(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_MSGSPEC_PATH = re.compile(r"^(.*?) - at `\$(.*)`$")
+_MISSING = re.compile(r"^Object missing required field `(.+)`$")
+
+
+def _validation_error(exc: msgspec.ValidationError) -> GatewayError:
+    text = str(exc)
+    m = _MSGSPEC_PATH.match(text)
+    message, path = (m.group(1), m.group(2).lstrip(".")) if m else (text, "")
+    missing = _MISSING.match(message)
+    if missing:
+        param = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+    param = path or None
+    where = f" for '{param}'" if param else ""
+    return bad_request(f"Invalid value{where}: {message}.", param, "invalid_type")
+
+
+def _flatten_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise bad_request("Each content part needs a string 'type'.", f"messages[{i}].content[{j}].type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(
+                    "A text content part needs a string 'text'.", f"messages[{i}].content[{j}].text"
+                )
+            texts.append(text)
+    return "".join(texts)
+
+
+def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> InferenceRequest:
+    """Decode and validate a request body; raise a 400 :class:`GatewayError` if it is bad."""
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise bad_request(
+            f"We could not parse the JSON body of your request ({exc}).", None, "invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", None, "invalid_json")
+    try:
+        parsed: _ChatBody | _CompletionBody = msgspec.convert(
+            body, _ChatBody if api == "chat" else _CompletionBody
+        )
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from None
+
+    if api == "chat":
+        assert isinstance(parsed, _ChatBody)
+        if "messages" not in body:
+            raise bad_request(
+                "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+            )
+        if not parsed.messages:
+            raise bad_request("'messages' must contain at least one message.", "messages", "empty_array")
+        lines = []
+        for i, msg in enumerate(parsed.messages):
+            if msg.role not in _ROLES:
+                raise bad_request(
+                    f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
+                    + ", ".join(sorted(_ROLES))
+                    + ".",
+                    f"messages[{i}].role",
+                    "invalid_value",
+                )
+            lines.append(f"{msg.role}: {_flatten_content(msg.content, i)}\n")
+        prompt = "".join(lines)
+        prompt_tokens = count_tokens(prompt)
+    else:
+        assert isinstance(parsed, _CompletionBody)
+        p = parsed.prompt
+        if p is None:
+            raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
+        if isinstance(p, list) and p and isinstance(p[0], list | str):
+            if len(p) != 1:
+                raise bad_request(
+                    "Batched prompts (a list of several prompts) are not supported; send one "
+                    "request per prompt.",
+                    "prompt",
+                    "unsupported_value",
+                )
+            p = p[0]
+        if isinstance(p, str):
+            prompt, prompt_tokens = p, count_tokens(p)
+        else:
+            prompt, prompt_tokens = " ".join(map(str, p)), len(p)
+
+    if not parsed.model:
+        raise bad_request("'model' must be a non-empty string.", "model", "invalid_value")
+    max_tokens = (
+        parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
+    )
+    if max_tokens is not None and max_tokens < 1:
+        param = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
+        raise bad_request(f"'{param}' must be at least 1, got {max_tokens}.", param, "invalid_value")
+    if parsed.temperature is not None and not 0 <= parsed.temperature <= 2:
+        raise bad_request(
+            f"'temperature' must be between 0 and 2, got {parsed.temperature}.",
+            "temperature",
+            "invalid_value",
+        )
+    if parsed.top_p is not None and not 0 < parsed.top_p <= 1:
+        raise bad_request(f"'top_p' must be in (0, 1], got {parsed.top_p}.", "top_p", "invalid_value")
+    if parsed.n is not None and parsed.n != 1:
+        raise bad_request("Only n=1 is supported; send n requests instead.", "n", "unsupported_value")
+    stop = parsed.stop
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if any(not s for s in stops):
+        raise bad_request("'stop' sequences must be non-empty strings.", "stop", "invalid_value")
+    if parsed.stream_options is not None and not parsed.stream:
+        raise bad_request(
+            "'stream_options' is only allowed when 'stream' is true.", "stream_options", "invalid_value"
+        )
+    return InferenceRequest(
+        id=request_id,
+        api=api,
+        model=parsed.model,
+        body=body,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        stream=parsed.stream,
+        include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+        max_tokens=max_tokens,
+        stop=stops,
+        ignore_eos=parsed.ignore_eos,
+        seed=parsed.seed,
+        arrival=now,
+    )
+
+
+def _response_id(req: InferenceRequest) -> str:
+    return ("chatcmpl-" if req.api == "chat" else "cmpl-") + req.id
+
+
+def encode_completion(req: InferenceRequest, result: Completion, created: int | None = None) -> bytes:
+    """The non-streamed response body."""
+    created = int(time.time()) if created is None else created
+    usage = result.usage
+    if req.api == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if result.extra:
+            message.update(result.extra)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": result.finish_reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        obj = "text_completion"
+    return _encode(
+        {
+            "id": _response_id(req),
+            "object": obj,
+            "created": created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.total_tokens,
+            },
+        }
+    )
+
+
+class StreamEncoder:
+    """Turns backend chunks into OpenAI SSE events for one request."""
+
+    __slots__ = ("_base", "_chat", "_head", "_req", "_tail", "_usage_null", "completion_tokens", "usage")
+
+    def __init__(self, req: InferenceRequest, created: int | None = None) -> None:
+        created = int(time.time()) if created is None else created
+        self._req = req
+        self._chat = req.api == "chat"
+        obj = "chat.completion.chunk" if self._chat else "text_completion"
+        self._usage_null = b',"usage":null' if req.include_usage else b""
+        self._base = (
+            b'{"id":'
+            + _encode(_response_id(req))
+            + b',"object":"'
+            + obj.encode()
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + _encode(req.model)
+        )
+        if self._chat:
+            self._head = b"data: " + self._base + b',"choices":[{"index":0,"delta":{"content":'
+        else:
+            self._head = b"data: " + self._base + b',"choices":[{"index":0,"text":'
+        self._tail = b"}" if self._chat else b""
+        self.completion_tokens = 0
+        self.usage: Usage | None = None
+
+    def start(self) -> bytes:
+        """The first event: chat streams announce the assistant role, as OpenAI does."""
+        if not self._chat:
+            return b""
+        return (
+            b"data: "
+            + self._base
+            + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+            b'"finish_reason":null}]' + self._usage_null + b"}\n\n"
+        )
+
+    def chunk(self, c: Chunk) -> bytes:
+        self.completion_tokens += c.tokens
+        if c.usage is not None:
+            self.usage = c.usage
+        finish = b"null" if c.finish_reason is None else _encode(c.finish_reason)
+        if c.extra:
+            return self._generic(c, finish)
+        if not c.text and c.finish_reason is None:
+            return b""
+        if self._chat and not c.text:
+            return (
+                b"data: " + self._base + b',"choices":[{"index":0,"delta":{},"logprobs":null,'
+                b'"finish_reason":' + finish + b"}]" + self._usage_null + b"}\n\n"
+            )
+        return (
+            self._head
+            + _encode(c.text)
+            + self._tail
+            + b',"logprobs":null,"finish_reason":'
+            + finish
+            + b"}]"
+            + self._usage_null
+            + b"}\n\n"
+        )
+
+    def _generic(self, c: Chunk, finish: bytes) -> bytes:
+        if self._chat:
+            delta: dict[str, Any] = dict(c.extra or {})
+            if c.text:
+                delta["content"] = c.text
+            choice = b'{"index":0,"delta":' + _encode(delta)
+        else:
+            choice = b'{"index":0,"text":' + _encode(c.text)
+        return (
+            b"data: "
+            + self._base
+            + b',"choices":['
+            + choice
+            + b',"logprobs":null,"finish_reason":'
+            + finish
+            + b"}]"
+            + self._usage_null
+            + b"}\n\n"
+        )
+
+    def final_usage(self) -> Usage:
+        if self.usage is not None:
+            return self.usage
+        p = self._req.prompt_tokens
+        return Usage(p, self.completion_tokens, p + self.completion_tokens)
+
+    def end(self) -> bytes:
+        """The usage chunk (when asked for) and ``[DONE]``."""
+        if not self._req.include_usage:
+            return b"data: [DONE]\n\n"
+        return (
+            b"data: "
+            + self._base
+            + b',"choices":[],"usage":'
+            + _encode(self.final_usage())
+            + b"}\n\ndata: [DONE]\n\n"
+        )
+
+    @staticmethod
+    def error(err: GatewayError) -> bytes:
+        """A failure after the first byte: an error event, then ``[DONE]``."""
+        return err.sse_event() + b"data: [DONE]\n\n"

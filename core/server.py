@@ -1,0 +1,92 @@
+"""Running the gateway under uvicorn (uvloop + httptools), with a graceful drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from shuniu.core.gateway import Gateway
+
+__all__ = ["bind_socket", "is_loopback", "run_gateway"]
+
+log = logging.getLogger("shuniu.server")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket with TCP_NODELAY set (Linux hands it to accepted sockets)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if family == socket.AF_INET6 and host in ("::", "[::]"):
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the gateway it is draining as soon as a signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.gateway.draining = True
+        super().handle_exit(sig, frame)
+
+
+def run_gateway(
+    gateway: Gateway,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[str, int], None] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish
+    within ``gateway.graceful_shutdown_s``."""
+    sock = bind_socket(host, port)
+    bound_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        gateway.app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=gateway.config.gateway.graceful_shutdown_s,
+        timeout_keep_alive=30,
+        server_header=False,
+        date_header=False,
+    )
+    server = _Server(config, gateway)
+
+    async def main() -> None:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        # uvicorn has no start-up callback; poll its flag (start-up only, never per request).
+        while not server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if server.started and on_ready is not None:
+            on_ready(host, bound_port)
+        await serving
+
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(main())

@@ -1,0 +1,153 @@
+"""Hot-path value types shared by the gateway, schedulers, balancers and backends.
+
+They are ``msgspec.Struct`` classes: cheap to create, typed, and encodable without copies.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "Api",
+    "Chunk",
+    "Completion",
+    "EndpointLoad",
+    "Health",
+    "InferenceRequest",
+    "Outcome",
+    "Principal",
+    "RequestRecord",
+    "Usage",
+]
+
+Api = Literal["chat", "completions"]
+
+
+class Usage(msgspec.Struct):
+    """Token counts as OpenAI reports them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who sent a request. Filled by an authenticator; anonymous on an open gateway."""
+
+    tenant: str = "anonymous"
+    key_id: str | None = None
+    tier: str = "default"
+
+
+ANONYMOUS = Principal()
+
+
+class InferenceRequest(msgspec.Struct, kw_only=True):
+    """One validated client request, as it travels through the pipeline.
+
+    ``body`` is the decoded JSON the client sent; backends that forward to an
+    OpenAI-compatible server send it on (with ``model`` rewritten), so fields shuniu does
+    not know about reach engines that do.
+    """
+
+    id: str
+    """The request id (``x-request-id``), also the base of the response id."""
+    api: Api
+    """``chat`` for /v1/chat/completions, ``completions`` for /v1/completions."""
+    model: str
+    """The model name as the client asked for it (a name or an alias)."""
+    body: dict[str, Any]
+    """The decoded request body."""
+    prompt: str
+    """The prompt as plain text (chat messages flattened), for backends that need text."""
+    prompt_tokens: int
+    """Prompt length from shuniu's estimate; exact for the simulator."""
+    stream: bool = False
+    include_usage: bool = False
+    """``stream_options.include_usage``: send a final usage chunk."""
+    max_tokens: int | None = None
+    """``max_completion_tokens`` or ``max_tokens``; ``None`` when the client sent neither."""
+    stop: list[str] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    arrival: float = 0.0
+    """Event-loop time when the request was accepted."""
+    priority: int = 0
+    """Smaller runs first (vLLM's convention)."""
+    principal: Principal = ANONYMOUS
+
+
+class Chunk(msgspec.Struct):
+    """One increment of generated output from a backend."""
+
+    text: str = ""
+    tokens: int = 0
+    """Completion tokens this chunk carries (1 per chunk for token-by-token engines)."""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    """Final usage when the backend knows it (usually on the last chunk)."""
+    extra: dict[str, Any] | None = None
+    """Other delta fields passed through from the engine (``tool_calls``, ``reasoning_content``)."""
+
+
+class Completion(msgspec.Struct):
+    """A whole, non-streamed result."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage
+    extra: dict[str, Any] | None = None
+    """Other message fields passed through from the engine."""
+
+
+class EndpointLoad(msgspec.Struct):
+    """An engine's own view of its load, as reported by the backend."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float | None = None
+    """Fraction of KV-cache blocks in use, 0..1, when the engine reports it."""
+    prefix_queries: int | None = None
+    prefix_hits: int | None = None
+    generated_tokens: int | None = None
+    aborted: int | None = None
+    """Requests the engine dropped because their client went away."""
+
+
+class Health(msgspec.Struct):
+    ok: bool
+    detail: str = ""
+
+
+class Outcome(StrEnum):
+    """How a request ended, as told to the scheduler and the observers."""
+
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class RequestRecord(msgspec.Struct, kw_only=True):
+    """What the ``request_finished`` observers receive once per request."""
+
+    id: str
+    model: str
+    api: Api
+    stream: bool
+    status: int
+    """HTTP status sent (200 for streams that failed after the first byte; see ``outcome``)."""
+    outcome: Outcome
+    endpoint: str | None = None
+    error_code: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    arrival: float = 0.0
+    """Event-loop time the request arrived."""
+    admitted: float | None = None
+    """When the scheduler gave it an endpoint."""
+    first_token: float | None = None
+    finished: float = 0.0
+    principal: Principal = ANONYMOUS
