@@ -1,0 +1,5 @@
+"""``python -m shuniu.core`` runs the ``shuniu`` command line."""
+
+from shuniu.core.cli import main
+
+main()

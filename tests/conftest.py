@@ -1,0 +1,132 @@
+"""Shared fixtures: run a real gateway process on a free port and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_LISTEN = re.compile(r"serving .* on http://(\S+):(\d+)")
+
+
+@dataclass
+class GatewayProcess:
+    """A ``shuniu serve`` child process."""
+
+    proc: subprocess.Popen[str]
+    host: str
+    port: int
+    output: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+
+def start_gateway(
+    config: str | None,
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    timeout: float = 30,
+) -> GatewayProcess:
+    """Start ``shuniu serve`` (on port 0 = a free port) and wait until it listens."""
+    cmd = [sys.executable, "-m", "shuniu.core", "serve", "--port", "0", *args]
+    if config is not None:
+        path = tmp_path / "deployment.yaml"
+        path.write_text(textwrap.dedent(config))
+        cmd.insert(4, str(path))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+    )
+    output: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        m = _LISTEN.search(line)
+        if m:
+            gw = GatewayProcess(proc, m.group(1), int(m.group(2)), output)
+            _drain_output(proc, output)
+            return gw
+    proc.kill()
+    raise RuntimeError("gateway did not start:\n" + "".join(output))
+
+
+def _drain_output(proc: subprocess.Popen[str], output: list[str]) -> None:
+    """Keep reading the child's output so it never blocks on a full pipe."""
+    import threading
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[object]:
+    started: list[GatewayProcess] = []
+
+    def factory(config: str | None = None, **kwargs: object) -> GatewayProcess:
+        gw = start_gateway(config, tmp_path, **kwargs)  # type: ignore[arg-type]
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        gw.stop()
+
+
+FAST_SIM = """
+gateway:
+  graceful_shutdown_s: 10
+models:
+  tiny:
+    aliases: [tiny-alias]
+    max_model_len: 2048
+    health: {interval_s: 0.05}
+    endpoints:
+      - kind: sim
+        replicas: 2
+        options: {ttft_ms: 0, tokens_per_s: 0, output_tokens_min: 8, output_tokens_max: 40}
+"""
+
+
+@pytest.fixture
+def gateway(gateway_factory) -> GatewayProcess:  # type: ignore[no-untyped-def]
+    """A gateway serving ``tiny``: two instant simulated replicas."""
+    return gateway_factory(FAST_SIM)  # type: ignore[no-any-return]
