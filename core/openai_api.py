@@ -52,7 +52,9 @@ class _ChatBody(_Common):
 
 
 class _CompletionBody(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # str | list[str] | list[int] | list[list[int]]: msgspec cannot express a union of several
+    # array types, so the shape is checked by hand in parse_request.
+    prompt: str | list[Any] | None = None
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -134,7 +136,9 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         p = parsed.prompt
         if p is None:
             raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-        if isinstance(p, list) and p and isinstance(p[0], list | str):
+        if isinstance(p, list) and not p:
+            raise bad_request("'prompt' must not be empty.", "prompt", "invalid_value")
+        if isinstance(p, list) and isinstance(p[0], list | str):
             if len(p) != 1:
                 raise bad_request(
                     "Batched prompts (a list of several prompts) are not supported; send one "
@@ -145,8 +149,14 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
             p = p[0]
         if isinstance(p, str):
             prompt, prompt_tokens = p, count_tokens(p)
-        else:
+        elif p and all(type(t) is int for t in p):
             prompt, prompt_tokens = " ".join(map(str, p)), len(p)
+        else:
+            raise bad_request(
+                "'prompt' must be a string, a list of token ids, or a list with one of those.",
+                "prompt",
+                "invalid_type",
+            )
 
     if not parsed.model:
         raise bad_request("'model' must be a non-empty string.", "model", "invalid_value")

@@ -51,6 +51,11 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.gateway.draining = True
         super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal after shutting down, so the process would end "killed
+        # by SIGTERM"; a completed drain is a clean exit, so forget it.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
 
 
 def run_gateway(

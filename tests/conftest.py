@@ -126,7 +126,25 @@ models:
 """
 
 
-@pytest.fixture
-def gateway(gateway_factory) -> GatewayProcess:  # type: ignore[no-untyped-def]
-    """A gateway serving ``tiny``: two instant simulated replicas."""
-    return gateway_factory(FAST_SIM)  # type: ignore[no-any-return]
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One gateway, shared by the tests that only read from it, serving ``tiny``: two
+    instant simulated replicas."""
+    gw = start_gateway(FAST_SIM, tmp_path_factory.mktemp("shared-gateway"))
+    yield gw
+    gw.stop()
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy (returned), or fail at ``timeout``.
+
+    This waits for a condition to become true; it never stands in for one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last value: {value!r})")
+        time.sleep(interval)
