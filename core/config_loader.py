@@ -229,44 +229,16 @@ def load_deployment(
     problems: list[Problem] = []
     data = interpolate_env(data, problems, env)
     try:
-        deployment = Deployment.model_validate(data)
+        deployment: Deployment | None = Deployment.model_validate(data)
     except ValidationError as exc:
         problems.extend(_pydantic_problems(exc, (), lines, Deployment))
-        raise ConfigError(problems, name) from None
-    resolved = ResolvedDeployment(deployment, name)
-    for model_name, model in deployment.models.items():
-        base = ("models", model_name)
-        for category, cfg, into in (
-            ("balancers", model.balancer, resolved.balancer_options),
-            ("schedulers", model.scheduler, resolved.scheduler_options),
-        ):
-            key = "balancer" if category == "balancers" else "scheduler"
-            reg = plugins.registered(category).get(cfg.policy)  # type: ignore[arg-type]
-            if reg is None:
-                loc = (*base, key, "policy")
-                problems.append(
-                    Problem(_path(loc), _unknown(category, cfg.policy, plugins), _line_for(lines, loc))  # type: ignore[arg-type]
-                )
-                continue
-            into[model_name] = _validate_options(
-                reg.options, cfg.options, (*base, key, "options"), lines, problems
-            )
-        backends = plugins.registered("backends")
-        for i, ep in enumerate(model.endpoints):
-            loc = (*base, "endpoints", i)
-            reg = backends.get(ep.kind)
-            if reg is None:
-                problems.append(
-                    Problem(
-                        _path((*loc, "kind")),
-                        _unknown("backends", ep.kind, plugins),
-                        _line_for(lines, (*loc, "kind")),
-                    )
-                )
-                continue
-            resolved.endpoint_options[(model_name, i)] = _validate_options(
-                reg.options, ep.options, (*loc, "options"), lines, problems
-            )
+        deployment = None
+    # Plugin names and options are checked on the raw data, so a file with schema problems
+    # still gets its plugin problems reported in the same run.
+    endpoint_options, balancer_options, scheduler_options = _check_plugins(data, plugins, lines, problems)
+    if deployment is None or problems:
+        raise ConfigError(problems, name)
+    resolved = ResolvedDeployment(deployment, name, endpoint_options, balancer_options, scheduler_options)
     seen: dict[str, tuple[Any, ...]] = {}
     for model_name, model in deployment.models.items():
         for i, _replica, ep_name in expand_endpoints(model_name, model.endpoints):
@@ -283,6 +255,66 @@ def load_deployment(
     if problems:
         raise ConfigError(problems, name)
     return resolved
+
+
+def _check_plugins(
+    data: dict[str, Any],
+    plugins: PluginManager,
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+) -> tuple[dict[tuple[str, int], Any], dict[str, Any], dict[str, Any]]:
+    """Look up every backend kind and policy name, and validate their options."""
+    endpoint_options: dict[tuple[str, int], Any] = {}
+    policy_options: dict[str, dict[str, Any]] = {"balancer": {}, "scheduler": {}}
+    models = data.get("models")
+    if not isinstance(models, dict):
+        return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+    defaults = {"balancer": "round_robin", "scheduler": "fifo"}
+    for model_name, model in models.items():
+        if not isinstance(model, dict):
+            continue
+        base = ("models", model_name)
+        for key, category in (("balancer", "balancers"), ("scheduler", "schedulers")):
+            cfg = model.get(key) or {}
+            if not isinstance(cfg, dict):
+                continue
+            policy = cfg.get("policy", defaults[key])
+            if not isinstance(policy, str):
+                continue
+            reg = plugins.registered(category).get(policy)  # type: ignore[arg-type]
+            if reg is None:
+                loc = (*base, key, "policy")
+                problems.append(Problem(_path(loc), _unknown(category, policy, plugins), _line_for(lines, loc)))  # type: ignore[arg-type]
+                continue
+            options = cfg.get("options") or {}
+            if isinstance(options, dict):
+                policy_options[key][model_name] = _validate_options(
+                    reg.options, options, (*base, key, "options"), lines, problems
+                )
+        endpoints = model.get("endpoints")
+        if not isinstance(endpoints, list):
+            continue
+        backends = plugins.registered("backends")
+        for i, ep in enumerate(endpoints):
+            if not isinstance(ep, dict) or not isinstance(ep.get("kind"), str):
+                continue
+            loc = (*base, "endpoints", i)
+            reg = backends.get(ep["kind"])
+            if reg is None:
+                problems.append(
+                    Problem(
+                        _path((*loc, "kind")),
+                        _unknown("backends", ep["kind"], plugins),
+                        _line_for(lines, (*loc, "kind")),
+                    )
+                )
+                continue
+            options = ep.get("options") or {}
+            if isinstance(options, dict):
+                endpoint_options[(model_name, i)] = _validate_options(
+                    reg.options, options, (*loc, "options"), lines, problems
+                )
+    return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
 
 
 def expand_endpoints(model: str, endpoints: list[EndpointConfig]) -> list[tuple[int, int, str]]:

@@ -1,0 +1,46 @@
+"""The wheel (``pip install .``) holds every subpackage, the data files and the entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_non_editable_install_works(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    for pkg in ("core", "plugins", "backends", "hardware"):
+        assert (target / "shuniu" / pkg / "__init__.py").exists(), pkg
+    assert (target / "shuniu" / "core" / "data" / "quickstart.yaml").exists()
+    # Run from an empty directory with only the installed copy (and the dependencies) visible:
+    # the source tree must not be what gets imported.
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *deps]), "PYTHONNOUSERSITE": "1"}
+    code = (
+        "import json, shuniu.core, shuniu.core.cli as c;"
+        "from shuniu.core.plugin_manager import load_plugins;"
+        "from shuniu.core.config_loader import load_deployment;"
+        "p = load_plugins(); load_deployment(None, p);"
+        "print(json.dumps({'file': shuniu.core.__file__, 'plugins': sorted(i.name for i in p.plugins())}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["file"].startswith(str(target))
+    assert {"sim", "openai", "round_robin", "fifo"} <= set(info["plugins"])
