@@ -284,7 +284,9 @@ def _check_plugins(
             reg = plugins.registered(category).get(policy)  # type: ignore[arg-type]
             if reg is None:
                 loc = (*base, key, "policy")
-                problems.append(Problem(_path(loc), _unknown(category, policy, plugins), _line_for(lines, loc)))  # type: ignore[arg-type]
+                problems.append(
+                    Problem(_path(loc), _unknown(category, policy, plugins), _line_for(lines, loc))
+                )  # type: ignore[arg-type]
                 continue
             options = cfg.get("options") or {}
             if isinstance(options, dict):

@@ -424,7 +424,7 @@ class Gateway:
             await gateway.handle("completions", scope, receive, send)
 
         @get("/v1/models", sync_to_thread=False)
-        def models() -> Response[bytes]:
+        def models(request: Request[Any, Any, Any]) -> Response[bytes]:
             data = []
             for name, model in gateway.config.models.items():
                 pool = gateway.pools[name]
@@ -439,16 +439,16 @@ class Gateway:
                             "max_model_len": pool.max_model_len,
                         }
                     )
-            return _json_response(200, {"object": "list", "data": data})
+            return _json_response(request, 200, {"object": "list", "data": data})
 
         @get("/health", sync_to_thread=False)
-        def health() -> Response[bytes]:
-            return _json_response(200, {"status": "ok"})
+        def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+            return _json_response(request, 200, {"status": "ok"})
 
         @get("/ready", sync_to_thread=False)
-        def ready() -> Response[bytes]:
+        def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
             ok, body = gateway.readiness()
-            return _json_response(200 if ok else 503, body)
+            return _json_response(request, 200 if ok else 503, body)
 
         return Litestar(
             route_handlers=[chat_completions, completions, models, health, ready],
@@ -496,8 +496,19 @@ def _backend_failure(endpoint: EndpointState, exc: BaseException) -> GatewayErro
     return upstream_error(f"The engine endpoint {endpoint.name} failed ({type(exc).__name__}).")
 
 
-def _json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(_encode(payload), status_code=status, media_type="application/json", headers=headers)
+def _json_response(request: Request[Any, Any, Any], status: int, payload: Any) -> Response[bytes]:
+    return _bytes_response(request, status, _encode(payload))
+
+
+def _bytes_response(
+    request: Request[Any, Any, Any], status: int, body: bytes, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    return Response(
+        body,
+        status_code=status,
+        media_type="application/json",
+        headers={**(headers or {}), "x-request-id": new_request_id(request.scope)},
+    )
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -507,10 +518,10 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
         err = method_not_allowed(request.method, request.url.path)
     else:
         err = GatewayError(exc.status_code, str(exc.detail), code="http_error")
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
+    return _bytes_response(request, err.status, err.body(), err.headers)
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
     err = GatewayError(500, "The gateway hit an internal error.", type="server_error", code="internal_error")
-    return Response(err.body(), status_code=500, media_type="application/json")
+    return _bytes_response(request, 500, err.body())

@@ -33,7 +33,9 @@ def test_quickstart_is_the_example(plugins: PluginManager) -> None:
     assert (ROOT / "examples" / "quickstart.yaml").read_text() == quickstart_text()
     resolved = load_deployment(None, plugins)
     assert list(resolved.deployment.models) == ["quickstart"]
-    names = [n for _, _, n in expand_endpoints("quickstart", resolved.deployment.models["quickstart"].endpoints)]
+    names = [
+        n for _, _, n in expand_endpoints("quickstart", resolved.deployment.models["quickstart"].endpoints)
+    ]
     assert names == ["quickstart-0", "quickstart-1"]
 
 
@@ -69,7 +71,9 @@ def test_every_problem_with_path_and_line(plugins: PluginManager) -> None:
     }
     assert by_path["gateway.port"].line == 2
     assert by_path["gateway.colour"].line == 3
-    assert "expected one of" in by_path["gateway.colour"].message and "host" in by_path["gateway.colour"].message
+    assert (
+        "expected one of" in by_path["gateway.colour"].message and "host" in by_path["gateway.colour"].message
+    )
     assert by_path["models.chat.endpoints[1].replicas"].line == 9
     kind = by_path["models.chat.endpoints[0].kind"]
     assert kind.line == 7
@@ -130,7 +134,9 @@ def test_env_interpolation(plugins: PluginManager) -> None:
               base_url: http://127.0.0.1:${UP_PORT}/v1
               api_key: $${literal}
     """
-    resolved = load_deployment("d.yaml", plugins, text=textwrap.dedent(text), env={"PORT": "9001", "UP_PORT": "7"})
+    resolved = load_deployment(
+        "d.yaml", plugins, text=textwrap.dedent(text), env={"PORT": "9001", "UP_PORT": "7"}
+    )
     assert resolved.deployment.gateway.port == 9001
     assert resolved.deployment.gateway.host == "127.0.0.2"
     opts = resolved.endpoint_options[("m", 0)]
@@ -151,7 +157,11 @@ def test_interpolate_env_leaves_other_types() -> None:
 def test_endpoint_naming() -> None:
     from shuniu.core.config import EndpointConfig
 
-    eps = [EndpointConfig(kind="sim", replicas=2), EndpointConfig(kind="sim", name="big", replicas=2), EndpointConfig(kind="sim")]
+    eps = [
+        EndpointConfig(kind="sim", replicas=2),
+        EndpointConfig(kind="sim", name="big", replicas=2),
+        EndpointConfig(kind="sim"),
+    ]
     assert [n for _, _, n in expand_endpoints("m", eps)] == ["m-0", "m-1", "big-0", "big-1", "m-4"]
 
 
@@ -192,7 +202,9 @@ def test_schema_cli_includes_plugin_options(tmp_path: Path) -> None:
 
     jsonschema.validate(yaml.safe_load(quickstart_text()), schema)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"models": {"m": {"endpoints": [{"kind": "sim", "options": {"turbo": 1}}]}}}, schema)
+        jsonschema.validate(
+            {"models": {"m": {"endpoints": [{"kind": "sim", "options": {"turbo": 1}}]}}}, schema
+        )
 
 
 def test_help_on_every_command() -> None:
