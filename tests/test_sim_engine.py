@@ -78,7 +78,7 @@ async def test_pacing_and_ttft() -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     first_at = None
-    async for c in engine.generate(_req(max_tokens=11, ignore_eos=True)):
+    async for _chunk in engine.generate(_req(max_tokens=11, ignore_eos=True)):
         if first_at is None:
             first_at = loop.time()
     end = loop.time()
