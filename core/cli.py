@@ -159,17 +159,18 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
 
         table = Table(title="shuniu plugins")
         for col in ("plugin", "distribution", "version", "hooks", "registers"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for i in infos:
             table.add_row(
                 i.name, i.distribution, i.version, "\n".join(i.hooks), "\n".join(registered.get(i.name, []))
             )
-        console = Console()
+        # Piped output keeps whole names (greppable) instead of an 80-column cut.
+        console = Console(width=None if sys.stdout.isatty() else 200)
         console.print(table)
         if plugins.failed:
             failed = Table(title="plugins that failed to load", style="red")
             for col in ("plugin", "distribution", "version", "error"):
-                failed.add_column(col)
+                failed.add_column(col, overflow="fold")
             for f in plugins.failed:
                 failed.add_row(f.name, f.distribution, f.version, f.error)
             console.print(failed)

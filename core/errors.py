@@ -145,4 +145,5 @@ class ConfigError(Exception):
         self.source = source
         head = f"{source}: " if source else ""
         lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{head}{len(problems)} problem(s) in the deployment:\n{lines}")
+        what = "plugin set-up" if source == "plugins" else "deployment"
+        super().__init__(f"{head}{len(problems)} problem(s) in the {what}:\n{lines}")

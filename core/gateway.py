@@ -210,15 +210,19 @@ class Gateway:
         if scope["method"] != "POST":
             await send_error(send, method_not_allowed(scope["method"], scope["path"]), request_id)
             return
+        arrival = loop.time()
+        req: InferenceRequest | None = None
         try:
             raw = await read_body(scope, receive, self._max_body)
-            req = parse_request(raw, api, request_id, loop.time())
+            req = parse_request(raw, api, request_id, arrival)
             pool = self.routes.get(req.model)
             if pool is None:
                 raise model_not_found(req.model)
             self._check_context(req, pool)
         except GatewayError as err:
             await send_error(send, err, request_id)
+            if self._observers:
+                self._notify_rejected(request_id, api, req, err, arrival, loop.time())
             return
         watch = _Disconnect()
         watch.start(receive)
@@ -360,6 +364,30 @@ class Gateway:
                 record.prompt_tokens = usage.prompt_tokens
                 record.completion_tokens = usage.completion_tokens
 
+    def _notify_rejected(
+        self,
+        request_id: str,
+        api: Api,
+        req: InferenceRequest | None,
+        err: GatewayError,
+        arrival: float,
+        now: float,
+    ) -> None:
+        """Observers hear about requests refused before admission too (bad body, unknown model)."""
+        rec = RequestRecord(
+            id=request_id,
+            model=req.model if req is not None else "",
+            api=api,
+            stream=req.stream if req is not None else False,
+            status=err.status,
+            outcome=Outcome.ERROR,
+            error_code=err.code,
+            prompt_tokens=req.prompt_tokens if req is not None else 0,
+            arrival=arrival,
+            finished=now,
+        )
+        self._call_observers(rec)
+
     def _notify(self, req: InferenceRequest, progress: _Progress, now: float) -> None:
         rec = RequestRecord(
             id=req.id,
@@ -378,6 +406,9 @@ class Gateway:
             finished=now,
             principal=req.principal,
         )
+        self._call_observers(rec)
+
+    def _call_observers(self, rec: RequestRecord) -> None:
         for fn in self._observers:
             try:
                 fn(record=rec)

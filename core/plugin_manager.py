@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -75,11 +76,16 @@ class PluginInfo:
     hooks: tuple[str, ...]
 
 
+def _normalize(name: str) -> str:
+    """PEP 503 normalization, so ``shuniu_least_busy`` matches ``shuniu-least-busy``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _csv_env(name: str) -> set[str] | None:
     raw = os.environ.get(name)
     if raw is None:
         return None
-    return {part.strip() for part in raw.split(",") if part.strip()}
+    return {_normalize(part.strip()) for part in raw.split(",") if part.strip()}
 
 
 @dataclass
@@ -108,13 +114,21 @@ class PluginManager:
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=_ep_key):
             dist = ep.dist.name if ep.dist is not None else "?"
             version = ep.dist.version if ep.dist is not None else "?"
-            names = {ep.name, dist}
+            names = {_normalize(ep.name), _normalize(dist)}
             if allow is not None and not (names & allow):
                 continue
             if names & deny:
                 continue
             if self.pm.get_plugin(ep.name) is not None:
-                continue  # the same distribution visible twice on sys.path
+                taken_by = self._dists.get(ep.name, ("?", "?"))[0]
+                if _normalize(taken_by) != _normalize(dist):
+                    self._fail(
+                        ep.name,
+                        dist,
+                        version,
+                        f"plugin name {ep.name!r} is already taken by distribution {taken_by!r}",
+                    )
+                continue  # else: the same distribution visible twice on sys.path
             try:
                 module = ep.load()
             except Exception as exc:  # a broken third-party plugin must not stop the rest
@@ -127,7 +141,7 @@ class PluginManager:
         plugin: ModuleType | object,
         name: str,
         *,
-        distribution: str = "(registered in code)",
+        distribution: str = "(in code)",
         version: str = "",
     ) -> bool:
         """Register one plugin object or module; on a bad hook signature record a failure."""
@@ -186,7 +200,8 @@ class PluginManager:
         problems: list[Problem] = []
         for category in CATEGORIES:
             hook = getattr(self.pm.hook, f"register_{category}")
-            for impl in reversed(hook.get_hookimpls()):  # registration order
+            # pluggy lists implementations in registration order (and calls them in reverse).
+            for impl in hook.get_hookimpls():
                 plugin_name = self.pm.get_name(impl.plugin) or "?"
                 register = _make_register(category, plugin_name, registry[category], problems)
                 try:
@@ -221,7 +236,7 @@ class PluginManager:
         for name, plugin in self.pm.list_name_plugin():
             if plugin is None:
                 continue
-            dist, version = self._dists.get(name, ("(registered in code)", ""))
+            dist, version = self._dists.get(name, ("(in code)", ""))
             hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or []))
             infos.append(PluginInfo(name, dist, version, hooks))
         return sorted(infos, key=lambda i: (i.distribution != "shuniu", i.distribution, i.name))
@@ -231,8 +246,10 @@ def _hook_names() -> Iterable[str]:
     return (n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "shuniu_spec"))
 
 
-def _ep_key(ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
-    return (ep.dist.name if ep.dist is not None else "", ep.name)
+def _ep_key(ep: importlib.metadata.EntryPoint) -> tuple[bool, str, str]:
+    """shuniu's own plugins first (a third party cannot displace them), then by name."""
+    dist = ep.dist.name if ep.dist is not None else ""
+    return (_normalize(dist) != "shuniu", dist, ep.name)
 
 
 def _make_register(
