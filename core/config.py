@@ -111,8 +111,11 @@ class ModelConfig(_Strict):
     endpoints: list[EndpointConfig] = Field(min_length=1)
     """The engines serving this model."""
     balancer: BalancerConfig = Field(default_factory=BalancerConfig)
+    """How each request picks one of the endpoints."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """How requests wait for, and are given, endpoint slots."""
     health: HealthConfig = Field(default_factory=HealthConfig)
+    """Background health checks of the endpoints."""
     owned_by: str = "shuniu"
     """Shown in ``/v1/models``."""
 
@@ -121,6 +124,7 @@ class Deployment(_Strict):
     """A whole shuniu deployment."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """Listening address and request limits."""
     models: dict[str, ModelConfig] = Field(min_length=1)
     """Model name → model. The name is what clients put in ``model``."""
 

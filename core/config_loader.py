@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -144,26 +145,37 @@ def _allowed_fields(model: Any, loc: tuple[Any, ...]) -> list[str]:
     """Field names valid at ``loc`` inside ``model``, to suggest on an unknown field."""
     current: Any = model
     for part in loc:
-        if isinstance(part, int) or current is None:
-            continue
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = current.model_fields.get(str(part))
-            if info is None:
-                current = None  # a dict key (e.g. a model name): descend into the dict's values
-                continue
-            current = _unwrap(info.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(current.model_fields)
-    return []
+        current = _descend(current, part)
+        if current is None:
+            return []
+    current = _as_model(current)
+    return sorted(current.model_fields) if current is not None else []
 
 
-def _unwrap(annotation: Any) -> Any:
-    args = getattr(annotation, "__args__", None)
-    if args:
-        for arg in args:
-            if isinstance(arg, type) and issubclass(arg, BaseModel):
-                return arg
-    return annotation if isinstance(annotation, type) else None
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, UnionType):
+        for arg in get_args(annotation):
+            found = _as_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _descend(annotation: Any, part: Any) -> Any:
+    """The type found at one more step (field name, list index, dict key) of a path."""
+    model = _as_model(annotation)
+    if model is not None:
+        info = model.model_fields.get(str(part))
+        return info.annotation if info is not None else None
+    for candidate in get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,):
+        origin, args = get_origin(candidate), get_args(candidate)
+        if origin is list and isinstance(part, int) and args:
+            return args[0]
+        if origin is dict and len(args) == 2:
+            return args[1]
+    return None
 
 
 def _validate_options(
@@ -226,8 +238,10 @@ def load_deployment(
             name,
         )
     lines = _line_map(root)
-    problems: list[Problem] = []
-    data = interpolate_env(data, problems, env)
+    env_problems: list[Problem] = []
+    data = interpolate_env(data, env_problems, env)
+    path_lines = {_path(loc): line for loc, line in lines.items()}
+    problems = [Problem(p.path, p.message, path_lines.get(p.path)) for p in env_problems]
     try:
         deployment: Deployment | None = Deployment.model_validate(data)
     except ValidationError as exc:
@@ -236,6 +250,10 @@ def load_deployment(
     # Plugin names and options are checked on the raw data, so a file with schema problems
     # still gets its plugin problems reported in the same run.
     endpoint_options, balancer_options, scheduler_options = _check_plugins(data, plugins, lines, problems)
+    if env_problems:
+        # A field whose variable is unset was left empty; its follow-on error says nothing new.
+        unset = {p.path for p in env_problems}
+        problems = [p for i, p in enumerate(problems) if i < len(env_problems) or p.path not in unset]
     if deployment is None or problems:
         raise ConfigError(problems, name)
     resolved = ResolvedDeployment(deployment, name, endpoint_options, balancer_options, scheduler_options)

@@ -175,15 +175,19 @@ class Gateway:
     async def _health_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
         fails = passes = 0
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races with completion, and this loop would never stop.
             try:
-                health = await asyncio.wait_for(endpoint.backend.health(), cfg.timeout_s)
+                async with asyncio.timeout(cfg.timeout_s):
+                    health = await endpoint.backend.health()
                 ok, detail = health.ok, health.detail
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                ok, detail = False, f"{type(exc).__name__}: {exc}"
+                ok, detail = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             try:
-                endpoint.load = await asyncio.wait_for(endpoint.backend.load(), cfg.timeout_s)
+                async with asyncio.timeout(cfg.timeout_s):
+                    endpoint.load = await endpoint.backend.load()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -87,7 +87,9 @@ def _flatten_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
             text = part.get("text")
             if not isinstance(text, str):
                 raise bad_request(
-                    "A text content part needs a string 'text'.", f"messages[{i}].content[{j}].text"
+                    "A text content part needs a string 'text'.",
+                    f"messages[{i}].content[{j}].text",
+                    "invalid_type",
                 )
             texts.append(text)
     return "".join(texts)

@@ -173,6 +173,25 @@ class PluginManager:
                 for impl in caller.get_hookimpls()
                 if impl.plugin is plugin and not impl.optionalhook
             ]
+            wrappers = [
+                caller.name
+                for caller in self.pm.get_hookcallers(plugin) or []
+                if caller.spec is not None and caller.name in _DIRECT_HOOKS
+                for impl in caller.get_hookimpls()
+                if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper)
+            ]
+            if wrappers and not unknown:
+                dist, version = self._dists.get(name, ("?", "?"))
+                self.pm.unregister(plugin)
+                self._fail(
+                    name,
+                    dist,
+                    version,
+                    "hook wrappers are not supported for "
+                    + ", ".join(sorted(wrappers))
+                    + " (shuniu resolves these hooks once at start-up and calls them directly)",
+                )
+                continue
             if unknown:
                 dist, version = self._dists.get(name, ("?", "?"))
                 self.pm.unregister(plugin)
@@ -205,7 +224,7 @@ class PluginManager:
                 plugin_name = self.pm.get_name(impl.plugin) or "?"
                 register = _make_register(category, plugin_name, registry[category], problems)
                 try:
-                    impl.function(register)
+                    impl.function(*[{"register": register}[arg] for arg in impl.argnames])
                 except Exception as exc:
                     problems.append(
                         Problem(
@@ -229,7 +248,15 @@ class PluginManager:
         """The implementations of one hook as plain callables, in call order, for the hot
         path (called directly, bypassing pluggy's per-call machinery)."""
         caller = getattr(self.pm.hook, hook_name)
-        return [impl.function for impl in reversed(caller.get_hookimpls())]
+        spec_args = tuple(caller.spec.argnames) if caller.spec is not None else ()
+        out: list[Callable[..., Any]] = []
+        for impl in reversed(caller.get_hookimpls()):
+            if tuple(impl.argnames) == spec_args:
+                out.append(impl.function)
+            else:
+                # pluggy lets an implementation take a subset of the arguments; pass just those.
+                out.append(_subset_caller(impl.function, tuple(impl.argnames)))
+        return out
 
     def plugins(self) -> list[PluginInfo]:
         infos = []
@@ -240,6 +267,19 @@ class PluginManager:
             hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or []))
             infos.append(PluginInfo(name, dist, version, hooks))
         return sorted(infos, key=lambda i: (i.distribution != "shuniu", i.distribution, i.name))
+
+
+# Hooks shuniu resolves at start-up and calls itself (not through ``pm.hook``).
+_DIRECT_HOOKS = frozenset(
+    {f"register_{c}" for c in CATEGORIES} | {"gateway_startup", "gateway_shutdown", "request_finished"}
+)
+
+
+def _subset_caller(fn: Callable[..., Any], argnames: tuple[str, ...]) -> Callable[..., Any]:
+    def call(**kwargs: Any) -> Any:
+        return fn(*[kwargs[a] for a in argnames])
+
+    return call
 
 
 def _hook_names() -> Iterable[str]:

@@ -84,6 +84,14 @@ def test_every_problem_with_path_and_line(plugins: PluginManager) -> None:
     assert "ttft_ms" in by_path["models.chat.endpoints[1].options.turbo"].message
 
 
+def test_unknown_field_inside_a_model_lists_accepted_keys(plugins: PluginManager) -> None:
+    [problem] = _problems(
+        plugins, "models:\n  chat:\n    endpoints:\n      - kind: sim\n        replica: 2\n"
+    )
+    assert problem.path == "models.chat.endpoints[0].replica"
+    assert "expected one of: kind, max_concurrency, name, options, replicas" in problem.message
+
+
 def test_missing_and_duplicate_names(plugins: PluginManager) -> None:
     problems = _problems(plugins, "gateway: {}\n")
     assert [p.path for p in problems] == ["models"]
@@ -145,6 +153,11 @@ def test_env_interpolation(plugins: PluginManager) -> None:
     problems = _problems(plugins, text, env={"PORT": "1"})
     assert [p.path for p in problems] == ["models.m.endpoints[0].options.base_url"]
     assert "UP_PORT is not set" in problems[0].message
+    assert problems[0].line == 9
+    # The unset variable leaves the field empty, which is not reported a second time.
+    problems = _problems(plugins, text, env={"UP_PORT": "1"})
+    assert [(p.path, p.line) for p in problems] == [("gateway.port", 2)]
+    assert "PORT is not set" in problems[0].message
 
 
 def test_interpolate_env_leaves_other_types() -> None:

@@ -714,3 +714,31 @@ def test_allow_list_names_are_normalized(fake_site: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("SHUNIU_PLUGINS", "Good_Plugin")
     plugins = load_plugins()
     assert [i.name for i in plugins.plugins()] == ["good"]
+
+
+def test_hooks_taking_fewer_arguments_and_wrappers() -> None:
+    seen: list[str] = []
+
+    class Quiet:
+        @hookimpl
+        def request_finished(self) -> None:  # takes none of the spec's arguments
+            seen.append("finished")
+
+        @hookimpl
+        def register_balancers(self) -> None:
+            seen.append("registered")
+
+    class Wrapping:
+        @hookimpl(wrapper=True)
+        def request_finished(self, record: Any) -> Any:
+            return (yield)
+
+    plugins = load_plugins(entry_points=False, extra=[("quiet", Quiet()), ("wrapping", Wrapping())])
+    plugins.registered("balancers")
+    for fn in plugins.hook_functions("request_finished"):
+        fn(record=object())
+    assert seen == ["registered", "finished"]
+    [failed] = plugins.failed
+    assert (
+        failed.name == "wrapping" and "hook wrappers are not supported for request_finished" in failed.error
+    )

@@ -63,6 +63,7 @@ class OpenAIBackend(BackendBase):
         self.options = spec.options
         self.max_model_len = spec.max_model_len
         self._upstream_model = spec.options.model
+        self._public_model = spec.model
         self._headers = {"content-type": "application/json", **spec.options.headers}
         if spec.options.api_key:
             self._headers["authorization"] = f"Bearer {spec.options.api_key}"
@@ -93,11 +94,17 @@ class OpenAIBackend(BackendBase):
             data = await self._get_json(self.options.health_path, limit_s=2.0)
         except Exception:
             return None
-        for entry in data.get("data", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int):
-                if self._upstream_model is None or entry.get("id") == self._upstream_model:
-                    return int(entry["max_model_len"])
-        return None
+        entries = [
+            e
+            for e in (data.get("data", []) if isinstance(data, dict) else [])
+            if isinstance(e, dict) and isinstance(e.get("max_model_len"), int)
+        ]
+        wanted = self._upstream_model or self._public_model
+        for entry in entries:
+            if entry.get("id") == wanted:
+                return int(entry["max_model_len"])
+        # With one model upstream, that is the one this endpoint serves.
+        return int(entries[0]["max_model_len"]) if len(entries) == 1 else None
 
     async def _get_json(self, path: str, limit_s: float) -> Any:
         assert self._session is not None

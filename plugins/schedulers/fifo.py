@@ -62,7 +62,9 @@ class FifoScheduler:
         waiter = _Waiter(req, loop.create_future())
         self._queue.append(waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), self.options.max_wait_s)
+            # asyncio.timeout, not wait_for, which on 3.11 can lose a racing cancellation.
+            async with asyncio.timeout(self.options.max_wait_s):
+                return await waiter.future
         except TimeoutError:
             if waiter.future.done() and not waiter.future.cancelled():
                 return waiter.future.result()  # dispatched at the very last moment
