@@ -81,6 +81,8 @@ def run_gateway(
         timeout_keep_alive=30,
         server_header=False,
         date_header=False,
+        # Nothing reads the client address yet; skip uvicorn's X-Forwarded-For middleware.
+        proxy_headers=False,
     )
     server = _Server(config, gateway)
 

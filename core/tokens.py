@@ -16,7 +16,7 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def count_tokens(text: str) -> int:
-    return sum(1 for _ in _TOKEN.finditer(text))
+    return len(_TOKEN.findall(text))
 
 
 def split_tokens(text: str) -> list[str]:
