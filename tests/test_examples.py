@@ -1,0 +1,66 @@
+"""Every example deployment validates; the OpenAI-upstream example serves real traffic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from shuniu.core.config_loader import load_deployment
+from shuniu.core.plugin_manager import load_plugins
+
+ROOT = Path(__file__).resolve().parent.parent
+# The third-party example needs its own plugin installed; its tests install it.
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml"))
+
+
+def test_there_are_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "openai_upstream.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates(path: Path) -> None:
+    load_deployment(path, load_plugins(), env={})
+
+
+@pytest.fixture
+def instant_upstream():  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "instant_upstream.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "serving on http://" in line, line
+    yield line.strip().rsplit(" ", 1)[-1]
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_openai_upstream_example_serves(gateway_factory, instant_upstream: str) -> None:  # type: ignore[no-untyped-def]
+    text = (ROOT / "examples" / "openai_upstream.yaml").read_text()
+    gw = gateway_factory(text, env={"UPSTREAM_URL": f"{instant_upstream}/v1", "UPSTREAM_MODEL": "bench"})
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    resp = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert resp.model == "gpt-4o-mini"  # the client's name, not the upstream's
+    assert resp.usage is not None and resp.usage.completion_tokens == 5
+    assert resp.choices[0].message.content == "tok" * 5
+    chunks = list(
+        client.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "tok" * 7
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+    completion = client.completions.create(model="chat", prompt="x", max_tokens=3)
+    assert completion.choices[0].text == "tok" * 3

@@ -1,0 +1,260 @@
+"""The ``openai`` backend against a scripted OpenAI-compatible upstream: forwarding, error
+mapping, mid-stream failures and cancellation reaching the upstream.
+
+The upstream here is a small aiohttp server written for these tests, so it can misbehave
+on purpose; the gateway is a real ``shuniu serve`` process and the client the ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+
+from tests.conftest import wait_until
+
+
+class ScriptedUpstream:
+    """An OpenAI-style server whose behaviour each test picks through the prompt text."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.aborted = 0
+        self.finished = 0
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+
+    def start(self) -> ScriptedUpstream:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "up-model", "object": "model", "max_model_len": 4096}]}
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        script = body["messages"][-1]["content"]
+        if script == "bad-request":
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "prompt too long for upstream",
+                        "type": "BadRequestError",
+                        "param": "messages",
+                        "code": 400,
+                    }
+                },
+                status=400,
+            )
+        if script == "crash":
+            return web.Response(status=500, text="engine exploded")
+        if not body.get("stream"):
+            return web.json_response(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": "fine",
+                                "reasoning_content": "because",
+                            },
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+            )
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+
+        def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            chunk = {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        count = 500 if script == "slow" else 3
+        try:
+            await resp.write(event({"role": "assistant", "content": ""}))
+            for i in range(count):
+                await resp.write(event({"content": f"w{i} "}))
+                if script == "break" and i == 1:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return resp
+                if script == "slow":
+                    await asyncio.sleep(0.02)
+            await resp.write(event({}, "stop"))
+            usage = {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body["model"],
+                "choices": [],
+                "usage": {"prompt_tokens": 2, "completion_tokens": count, "total_tokens": 2 + count},
+            }
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            self.finished += 1
+        except (ConnectionResetError, ConnectionError):
+            self.aborted += 1
+        return resp
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScriptedUpstream]:
+    up = ScriptedUpstream().start()
+    yield up
+    up.stop()
+
+
+def _deploy(port: int) -> str:
+    return f"""
+    models:
+      chat:
+        health: {{interval_s: 0.1}}
+        endpoints:
+          - kind: openai
+            options:
+              base_url: http://127.0.0.1:{port}/v1
+              model: up-model
+              api_key: sk-upstream-secret
+              headers: {{x-team: gateway}}
+    """
+
+
+def _msg(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_forwarding_rewrites_model_and_passes_unknown_fields(
+    gateway_factory, upstream: ScriptedUpstream
+) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    client = openai.OpenAI(base_url=gw.base_url, api_key="client-key", max_retries=0)
+    resp = client.chat.completions.create(
+        model="chat", messages=_msg("hello"), extra_body={"engine_knob": 7, "top_k": 3}
+    )
+    assert resp.choices[0].message.content == "fine"
+    assert resp.choices[0].message.model_extra == {"reasoning_content": "because"}
+    assert resp.model == "chat" and resp.usage is not None and resp.usage.total_tokens == 4
+    sent = upstream.bodies[-1]
+    assert sent["model"] == "up-model" and sent["engine_knob"] == 7 and sent["top_k"] == 3
+    headers = upstream.headers[-1]
+    assert headers["Authorization"] == "Bearer sk-upstream-secret"
+    assert headers["x-team"] == "gateway"
+    # A stream always asks the upstream for usage (for accounting) but the client, who did
+    # not ask, gets no usage chunk.
+    chunks = list(client.chat.completions.create(model="chat", messages=_msg("hello"), stream=True))
+    assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "w0 w1 w2 "
+    assert all(c.usage is None and c.choices for c in chunks)
+    # max_model_len came from the upstream's /v1/models.
+    assert [m.model_extra["max_model_len"] for m in client.models.list().data] == [4096]  # type: ignore[index]
+
+
+def test_upstream_errors_are_mapped(gateway_factory, upstream: ScriptedUpstream) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="chat", messages=_msg("bad-request"))
+    assert bad.value.body["message"] == "prompt too long for upstream"  # type: ignore[index]
+    assert bad.value.body["param"] == "messages"  # type: ignore[index]
+    with pytest.raises(openai.APIStatusError) as crash:
+        client.chat.completions.create(model="chat", messages=_msg("crash"))
+    assert crash.value.status_code == 502
+    assert crash.value.body["code"] == "upstream_error"  # type: ignore[index]
+    assert "sk-upstream-secret" not in json.dumps(crash.value.body)
+    with pytest.raises(openai.APIStatusError) as crash_stream:
+        client.chat.completions.create(model="chat", messages=_msg("crash"), stream=True)
+    assert crash_stream.value.status_code == 502
+
+
+def test_stream_broken_after_first_byte_ends_with_error_event(
+    gateway_factory, upstream: ScriptedUpstream
+) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    body = {"model": "chat", "messages": _msg("break"), "stream": True}
+    resp = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 200
+    events = [e for e in resp.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][6:])["error"]
+    assert error["code"] == "upstream_error" and "broke off the stream" in error["message"]
+    contents = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[:-2]]
+    assert contents == ["", "w0 ", "w1 "]
+
+
+def test_client_disconnect_aborts_the_upstream_request(gateway_factory, upstream: ScriptedUpstream) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    body = {"model": "chat", "messages": _msg("slow"), "stream": True}
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{gw.base_url}/chat/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            got = [line for _, line in zip(range(6), lines, strict=False)]
+            assert any("w1" in line for line in got)
+    started = time.monotonic()
+    wait_until(lambda: upstream.aborted == 1, timeout=10)
+    # 500 events at 20 ms would take 10 s; the upstream saw the connection drop long before.
+    assert time.monotonic() - started < 5
+    assert upstream.finished == 0
+
+
+def test_unreachable_upstream_is_502_before_health_notices(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    gw = gateway_factory(
+        f"""
+        models:
+          chat:
+            health: {{interval_s: 60, unhealthy_after: 3}}
+            endpoints: [{{kind: openai, options: {{base_url: "http://127.0.0.1:{dead}/v1"}}}}]
+        """
+    )
+    resp = httpx.post(f"{gw.base_url}/chat/completions", json={"model": "chat", "messages": _msg("x")})
+    assert resp.status_code == 502
+    assert resp.json()["error"]["code"] == "upstream_error"
+    assert "Cannot reach" in resp.json()["error"]["message"]
