@@ -159,9 +159,10 @@ class PluginManager:
         self._registry = None
 
     def check(self) -> None:
-        """Catch hook implementations whose names match no hookspec (usually typos).
+        """Catch hook implementations whose names match no hookspec (usually typos), and
+        wrappers around hooks that shuniu calls directly.
 
-        Such a plugin is unregistered and recorded as failed, with the misspelled hook named.
+        Such a plugin is unregistered and recorded as failed, with the offending hook named.
         """
         for name, plugin in list(self.pm.list_name_plugin()):
             if plugin is None:
@@ -180,30 +181,21 @@ class PluginManager:
                 for impl in caller.get_hookimpls()
                 if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper)
             ]
-            if wrappers and not unknown:
-                dist, version = self._dists.get(name, ("?", "?"))
-                self.pm.unregister(plugin)
-                self._fail(
-                    name,
-                    dist,
-                    version,
-                    "hook wrappers are not supported for "
-                    + ", ".join(sorted(wrappers))
-                    + " (shuniu resolves these hooks once at start-up and calls them directly)",
-                )
-                continue
+            reason = None
             if unknown:
+                reason = (
+                    f"unknown hook(s) {', '.join(sorted(unknown))}; "
+                    f"known hooks: {', '.join(sorted(_hook_names()))}"
+                )
+            elif wrappers:
+                reason = (
+                    f"hook wrappers are not supported for {', '.join(sorted(wrappers))} (shuniu "
+                    "resolves these hooks once at start-up and calls them directly)"
+                )
+            if reason is not None:
                 dist, version = self._dists.get(name, ("?", "?"))
                 self.pm.unregister(plugin)
-                self._fail(
-                    name,
-                    dist,
-                    version,
-                    "unknown hook(s) "
-                    + ", ".join(sorted(unknown))
-                    + "; known hooks: "
-                    + ", ".join(sorted(_hook_names())),
-                )
+                self._fail(name, dist, version, reason)
         self._registry = None
 
     def _fail(self, name: str, dist: str, version: str, error: str) -> None:
