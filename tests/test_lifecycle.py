@@ -131,3 +131,14 @@ def test_sigterm_drains_in_flight_streams(gateway_factory) -> None:  # type: ign
         usage = json.loads(rest[-2][6:])["usage"]
         assert usage["completion_tokens"] == 40
     assert gw.proc.wait(20) == 0
+
+
+def test_serve_banner_and_open_gateway_warning(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    local = gateway_factory(None)  # the built-in quickstart
+    banner = "".join(local.output)
+    assert "serving built-in quickstart on http://127.0.0.1:" in banner
+    assert "curl http://127.0.0.1:" in banner and '"model": "quickstart"' in banner
+    assert "WARNING" not in banner
+    wide = gateway_factory(None, args=("--host", "0.0.0.0"))
+    wait_until(lambda: any("NO authentication" in line for line in wide.output))
+    assert httpx.get(f"http://127.0.0.1:{wide.port}/health").status_code == 200
