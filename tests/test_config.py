@@ -207,7 +207,7 @@ def test_schema_cli_includes_plugin_options(tmp_path: Path) -> None:
     conditions = {c["if"]["properties"]["kind"]["const"]: c["then"] for c in endpoint["allOf"]}
     sim_opts = conditions["sim"]["properties"]["options"]
     assert "tokens_per_s" in sim_opts["properties"]
-    assert sim_opts["properties"]["tokens_per_s"]["description"].startswith("Decode speed")
+    assert sim_opts["properties"]["tokens_per_s"]["description"].startswith("Fixed-rate timing")
     assert schema["$defs"]["GatewayConfig"]["properties"]["port"]["description"]
     # The schema is valid JSON Schema and accepts the quickstart while rejecting a bad file.
     jsonschema = pytest.importorskip("jsonschema")

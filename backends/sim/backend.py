@@ -1,34 +1,136 @@
-"""The ``sim`` backend: an endpoint served by an in-process :class:`SimEngine`."""
+"""The ``sim`` backend: an endpoint served by an in-process simulated engine.
+
+The engine decides *when* tokens appear (batching, KV cache, cost model); this adapter turns
+them into deterministic text, applies stop strings and ``max_tokens``, and reports exact usage.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import random
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
-from shuniu.backends.sim.engine import SimEngine
+from shuniu.backends.sim.build import build_engine
+from shuniu.backends.sim.engine import FINISHED, Seq
 from shuniu.backends.sim.options import SimOptions
+from shuniu.backends.sim.text import VOCABULARY, rng_for
+from shuniu.core.errors import bad_request
 from shuniu.core.interfaces import BackendBase, EndpointSpec
-from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest
+from shuniu.core.tokens import split_tokens
+from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Usage
 
-__all__ = ["SimBackend"]
+__all__ = ["SimBackend", "plan_output"]
+
+
+def plan_output(
+    req: InferenceRequest, options: SimOptions, max_model_len: int
+) -> tuple[int, str, random.Random]:
+    """How many tokens the request gets, why it stops (before stop strings), and the
+    generator that then draws its words."""
+    rng = rng_for(req.prompt, req.seed)
+    natural = rng.randint(options.output_tokens_min, options.output_tokens_max)
+    room = max(max_model_len - req.prompt_tokens, 0)
+    limit = min(req.max_tokens, room) if req.max_tokens is not None else room
+    if req.ignore_eos or natural > limit:
+        return limit, "length", rng
+    return natural, "stop", rng
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best
+
+
+def _seed(prompt: str, seed: int | None) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}\x01{prompt}".encode(), digest_size=8).digest(), "big")
 
 
 class SimBackend(BackendBase):
     kind: ClassVar[str] = "sim"
 
     def __init__(self, spec: EndpointSpec) -> None:
-        options = spec.options if isinstance(spec.options, SimOptions) else SimOptions()
-        if spec.max_model_len is not None and "max_model_len" not in options.model_fields_set:
-            options = options.model_copy(update={"max_model_len": spec.max_model_len})
+        self.options = spec.options if isinstance(spec.options, SimOptions) else SimOptions()
         self.name = spec.name
-        self.engine = SimEngine(options)
-        self.max_model_len = options.max_model_len
+        setup = build_engine(self.options, spec.max_model_len)
+        self.engine = setup.engine
+        self.max_model_len = setup.max_model_len
+        self.description = setup.description
 
-    def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
-        return self.engine.generate(req)
+    async def stop(self) -> None:
+        await self.engine.stop()
 
     async def load(self) -> EndpointLoad:
         return self.engine.load()
 
     async def health(self) -> Health:
-        return Health(True, "simulated")
+        return Health(True, f"simulated ({self.description})")
+
+    async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
+        count, finish, rng = plan_output(req, self.options, self.max_model_len)
+        if count == 0:
+            yield Chunk("", 0, finish, Usage(req.prompt_tokens, 0, req.prompt_tokens))
+            return
+        loop = asyncio.get_running_loop()
+        # Token ids stand for the prompt's tokens so equal prompts share KV blocks.
+        prompt_ids = [hash(t) & 0x7FFFFFFF for t in split_tokens(req.prompt)]
+        seq = Seq(
+            req.id,
+            prompt_ids,
+            count,
+            output_seed=_seed(req.prompt, req.seed),
+            priority=req.priority,
+            arrival=loop.time(),
+        )
+        try:
+            self.engine.submit(seq)
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages", "context_length_exceeded") from None
+        stops = req.stop
+        text = ""
+        emitted_chars = 0
+        tokens = 0
+        ended = False
+        try:
+            while True:
+                if seq.output_count == tokens:
+                    if seq.status == FINISHED:
+                        return  # finished without a token we have not sent (cannot happen)
+                    seq.waiter = loop.create_future()
+                    await seq.waiter
+                    continue
+                while tokens < seq.output_count:
+                    word = VOCABULARY[rng.randrange(len(VOCABULARY))]
+                    text += word if tokens == 0 else " " + word
+                    tokens += 1
+                    last = tokens == count
+                    reason: str | None = finish if last else None
+                    cut = len(text)
+                    if stops:
+                        start = max(emitted_chars - max(len(s) for s in stops) + 1, 0)
+                        hits = [p for p in (text.find(s, start) for s in stops) if p >= 0]
+                        if hits:
+                            cut, reason, last = min(hits), "stop", True
+                        elif not last:
+                            cut = len(text) - _held_back(text, stops)
+                    piece = text[emitted_chars:cut]
+                    emitted_chars = max(emitted_chars, cut)
+                    if last:
+                        ended = True
+                        if tokens < count:
+                            self.engine.abort(seq, aborted=False)  # a stop string ended it early
+                        yield Chunk(
+                            piece, 1, reason, Usage(req.prompt_tokens, tokens, req.prompt_tokens + tokens)
+                        )
+                        return
+                    yield Chunk(piece, 1)
+        finally:
+            if not ended:
+                self.engine.abort(seq)  # the client went away: free the engine's work at once

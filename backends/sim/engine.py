@@ -1,123 +1,506 @@
-"""The simulated engine.
+"""The simulated engine: vLLM-style continuous batching over a paged, prefix-cached KV cache.
 
-For now each request decodes at a fixed per-request rate after a first-token delay, with at
-most ``max_num_seqs`` running (the rest wait inside the engine). The full model (continuous
-batching, paged KV cache, prefix caching, roofline timing) replaces the inside of
-:meth:`SimEngine.generate` without changing its contract: an async iterator of chunks that
-stops generating the moment it is closed.
+:class:`EngineCore` is synchronous and knows nothing about time: :meth:`EngineCore.schedule`
+plans one iteration (which sequences run, how many tokens each), a cost model turns the plan
+into a duration, and :meth:`EngineCore.apply` commits it at the time it ends. Like vLLM's
+scheduler, one token budget per iteration (``max_num_batched_tokens``) is shared by running
+sequences first (decodes and unfinished prefill chunks) and then by waiting ones; prompts
+longer than the budget are prefilled in chunks; when KV blocks run out the most recently
+admitted (or lowest-priority) running sequence is preempted and later recomputed.
+
+:class:`SimEngine` drives a core on an asyncio event loop: one timer per iteration, never
+one per token. On a normal loop that is real time (the in-process ``sim`` backend); on the
+virtual-time loop of ``shuniu simulate`` the same code runs hours of traffic in seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import AsyncIterator
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
 
-from shuniu.backends.sim.options import SimOptions
-from shuniu.backends.sim.text import VOCABULARY, rng_for
-from shuniu.core.types import Chunk, EndpointLoad, InferenceRequest, Usage
+from shuniu.backends.sim.kvcache import BlockPool
+from shuniu.backends.sim.stats import LogHistogram
+from shuniu.core.types import EndpointLoad
 
-__all__ = ["SimEngine"]
+__all__ = ["CostFunction", "EngineConfig", "EngineCore", "Seq", "SimEngine"]
 
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
+WAITING, RUNNING, FINISHED = 0, 1, 2
 
 
-class SimEngine:
-    """One simulated engine replica."""
+class CostFunction(Protocol):
+    def step_time(
+        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+    ) -> float:
+        """Seconds one iteration takes (see ``backends/sim/costmodel.py``)."""
+        ...
 
-    def __init__(self, options: SimOptions) -> None:
-        self.options = options
-        self.running = 0
-        self.waiting = 0
+
+class EngineConfig:
+    """The engine's knobs, named as vLLM names them."""
+
+    __slots__ = (
+        "block_size",
+        "chunked_prefill",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "num_blocks",
+        "prefix_caching",
+        "priority",
+    )
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        chunked_prefill: bool = True,
+        prefix_caching: bool = True,
+        priority: bool = False,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.prefix_caching = prefix_caching
+        self.priority = priority
+
+
+class Seq:
+    """One request inside the engine."""
+
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "done",
+        "finished_at",
+        "first_token_at",
+        "hashes",
+        "id",
+        "last_token_at",
+        "max_output",
+        "num_computed",
+        "num_hashed",
+        "output_count",
+        "output_ids",
+        "output_seed",
+        "preemptions",
+        "priority",
+        "prompt",
+        "prompt_len",
+        "status",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        prompt: list[int],
+        max_output: int,
+        *,
+        output_seed: int = 0,
+        priority: int = 0,
+        arrival: float = 0.0,
+    ) -> None:
+        self.id = id
+        self.prompt = prompt
+        self.prompt_len = len(prompt)
+        self.max_output = max_output
+        self.output_seed = output_seed
+        self.priority = priority
+        self.arrival = arrival
+        self.status = WAITING
+        self.num_computed = 0  # tokens whose KV is in the cache
+        self.output_count = 0
+        self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []  # chained hashes of the full blocks known so far
+        self.num_hashed = 0  # of self.blocks, how many are registered in the prefix cache
+        self.preemptions = 0
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.finished_at: float | None = None
+        self.waiter: asyncio.Future[None] | None = None  # woken on every new token
+        self.done: asyncio.Future[None] | None = None  # woken when the sequence finishes
+
+    @property
+    def finished(self) -> bool:
+        return self.status == FINISHED
+
+
+class Batch:
+    """One planned iteration."""
+
+    __slots__ = ("decode_kv_tokens", "decode_seqs", "items", "prefill_attn", "prefill_tokens")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Seq, int]] = []
+        self.prefill_tokens = 0
+        self.prefill_attn = 0.0
+        self.decode_seqs = 0
+        self.decode_kv_tokens = 0
+
+
+def _default_ids(seed: int, n: int, start: int = 0) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(32000) for _ in range(start + n)][start:]
+
+
+class EngineCore:
+    """Scheduling and KV bookkeeping for one engine replica."""
+
+    def __init__(self, config: EngineConfig, ids: Callable[[int, int, int], list[int]] | None = None) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, config.prefix_caching)
+        self._ids = ids or _default_ids
+        self.running: list[Seq] = []
+        self._fifo: deque[Seq] = deque()
+        self._heap: list[tuple[int, float, int, Seq]] = []
+        self._counter = 0
+        self.num_waiting = 0
+        # counters, as vLLM exports them
         self.requests = 0
+        self.completed = 0
         self.aborted = 0
+        self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
         self.generated_tokens = 0
-        self._slots = asyncio.Semaphore(options.max_num_seqs)
+        self.prompt_tokens = 0
+        self.iterations = 0
+        self.ttft = LogHistogram()
+        self.itl = LogHistogram()
+        self.e2e = LogHistogram()
+
+    # -- admission -------------------------------------------------------------------
+
+    def add(self, seq: Seq) -> None:
+        self.requests += 1
+        self._push_waiting(seq, front=False)
+
+    def _push_waiting(self, seq: Seq, front: bool) -> None:
+        seq.status = WAITING
+        self.num_waiting += 1
+        if self.config.priority:
+            self._counter += 1
+            heapq.heappush(self._heap, (seq.priority, seq.arrival, self._counter, seq))
+        elif front:
+            self._fifo.appendleft(seq)
+        else:
+            self._fifo.append(seq)
+
+    def _peek_waiting(self) -> Seq | None:
+        if self.config.priority:
+            heap = self._heap
+            while heap and heap[0][3].status != WAITING:
+                heapq.heappop(heap)  # aborted while waiting
+            return heap[0][3] if heap else None
+        fifo = self._fifo
+        while fifo and fifo[0].status != WAITING:
+            fifo.popleft()
+        return fifo[0] if fifo else None
+
+    def _pop_waiting(self) -> None:
+        if self.config.priority:
+            heapq.heappop(self._heap)
+        else:
+            self._fifo.popleft()
+        self.num_waiting -= 1
+
+    def abort(self, seq: Seq, *, aborted: bool = True) -> None:
+        """Drop a sequence at once, freeing its blocks (client gone, or a stop string hit)."""
+        if seq.status == FINISHED:
+            return
+        if seq.status == WAITING:
+            self.num_waiting -= 1  # stays in its queue, skipped when it reaches the head
+        else:
+            self.running.remove(seq)
+            self.pool.release(seq.blocks)
+            seq.blocks = []
+        seq.status = FINISHED
+        if aborted:
+            self.aborted += 1
+        else:
+            self.completed += 1
+        _wake(seq, finished=True)
+
+    def fits(self, seq: Seq) -> bool:
+        """Whether the sequence's prompt (plus one token) can ever fit in the KV cache."""
+        return self._blocks_for(seq.prompt_len + 1) <= self.config.num_blocks
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0
 
     def load(self) -> EndpointLoad:
         return EndpointLoad(
-            running=self.running,
-            waiting=self.waiting,
+            running=len(self.running),
+            waiting=self.num_waiting,
+            kv_usage=self.pool.usage(),
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
             generated_tokens=self.generated_tokens,
             aborted=self.aborted,
         )
 
-    def plan(self, req: InferenceRequest) -> tuple[int, str, random.Random]:
-        """How many tokens this request will get, why it stops (before stop strings), and the
-        generator that then draws its words."""
-        opts = self.options
-        rng = rng_for(req.prompt, req.seed)
-        natural = rng.randint(opts.output_tokens_min, opts.output_tokens_max)
-        room = max(opts.max_model_len - req.prompt_tokens, 0)
-        limit = min(req.max_tokens, room) if req.max_tokens is not None else room
-        if req.ignore_eos or natural > limit:
-            return limit, "length", rng
-        return natural, "stop", rng
+    # -- one iteration -----------------------------------------------------------------
 
-    async def generate(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
-        opts = self.options
+    def _all_tokens(self, seq: Seq, start: int, end: int) -> list[int]:
+        """Token ids ``start:end`` of prompt + output (output ids generated on demand)."""
+        p = seq.prompt_len
+        if end <= p:
+            return seq.prompt[start:end]
+        if seq.output_ids is None or len(seq.output_ids) < end - p:
+            seq.output_ids = self._ids(
+                seq.output_seed, max(end - p, 2 * (len(seq.output_ids or ()) or 16)), 0
+            )
+        outs = seq.output_ids
+        if start >= p:
+            return outs[start - p : end - p]
+        return seq.prompt[start:] + outs[: end - p]
+
+    def _extend_hashes(self, seq: Seq, upto_tokens: int) -> None:
+        bs = self.config.block_size
+        full = upto_tokens // bs
+        hashes = seq.hashes
+        h = hashes[-1] if hashes else 0
+        for b in range(len(hashes), full):
+            h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
+            hashes.append(h)
+
+    def _blocks_for(self, tokens: int) -> int:
+        bs = self.config.block_size
+        return (tokens + bs - 1) // bs
+
+    def _preempt(self, victim: Seq) -> None:
+        self.running.remove(victim)
+        self.pool.release(victim.blocks)
+        victim.blocks = []
+        victim.num_hashed = 0
+        victim.num_computed = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self._push_waiting(victim, front=True)
+
+    def _victim(self) -> Seq:
+        if self.config.priority:
+            return max(self.running, key=lambda s: (s.priority, s.arrival))
+        return self.running[-1]
+
+    def schedule(self) -> Batch | None:
+        """Plan the next iteration, or ``None`` when there is nothing to run."""
+        cfg = self.config
+        pool = self.pool
+        budget = cfg.max_num_batched_tokens
+        batch = Batch()
+        items = batch.items
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            total = seq.prompt_len + seq.output_count
+            need = total - seq.num_computed
+            n = need if need <= budget else (budget if cfg.chunked_prefill else 0)
+            if n <= 0:
+                i += 1
+                continue
+            extra = self._blocks_for(seq.num_computed + n) - len(seq.blocks)
+            if extra > 0:
+                new = pool.allocate(extra)
+                while new is None:
+                    victim = self._victim()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                    if running.index(seq) < i:  # a sequence before it left the list
+                        i -= 1
+                    new = pool.allocate(extra)
+                if seq.status != RUNNING:
+                    continue
+                seq.blocks.extend(new)  # type: ignore[arg-type]
+            items.append((seq, n))
+            budget -= n
+            if need == 1 and seq.output_count > 0:
+                batch.decode_seqs += 1
+                batch.decode_kv_tokens += total
+            else:
+                batch.prefill_tokens += n
+                batch.prefill_attn += n * (seq.num_computed + n / 2)
+            i += 1
+
+        # Waiting sequences join only if no one had to be preempted (as in vLLM).
+        while not preempted and budget > 0 and len(running) < cfg.max_num_seqs:
+            seq = self._peek_waiting()
+            if seq is None:
+                break
+            total = seq.prompt_len + seq.output_count
+            hits: list[int] = []
+            if cfg.prefix_caching:
+                self._extend_hashes(seq, total)
+                hits = pool.lookup(seq.hashes[: (total - 1) // cfg.block_size])
+            cached = len(hits) * cfg.block_size
+            need = total - cached
+            n = need if need <= budget else (budget if cfg.chunked_prefill else 0)
+            if n <= 0:
+                break
+            pool.claim(hits)
+            new = pool.allocate(self._blocks_for(cached + n) - len(hits))
+            if new is None:
+                pool.release(hits)
+                break
+            self._pop_waiting()
+            if cfg.prefix_caching:
+                self.prefix_queries += total
+                self.prefix_hits += cached
+            seq.blocks = hits + new
+            seq.num_hashed = len(hits)
+            seq.num_computed = cached
+            seq.status = RUNNING
+            running.append(seq)
+            items.append((seq, n))
+            budget -= n
+            batch.prefill_tokens += n
+            batch.prefill_attn += n * (cached + n / 2)
+        return batch if items else None
+
+    def apply(self, batch: Batch, now: float) -> None:
+        """Commit an iteration that ended at ``now``: KV computed, tokens sampled."""
+        self.iterations += 1
+        bs = self.config.block_size
+        caching = self.config.prefix_caching
+        pool = self.pool
+        for seq, n in batch.items:
+            if seq.status != RUNNING:
+                continue  # aborted or preempted meanwhile
+            seq.num_computed += n
+            if caching:
+                full = seq.num_computed // bs
+                if full > seq.num_hashed:
+                    self._extend_hashes(seq, full * bs)
+                    for b in range(seq.num_hashed, full):
+                        pool.register(seq.blocks[b], seq.hashes[b])
+                    seq.num_hashed = full
+            if seq.num_computed < seq.prompt_len + seq.output_count:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            seq.output_count += 1
+            self.generated_tokens += 1
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+                self.prompt_tokens += seq.prompt_len
+                self.ttft.add(now - seq.arrival)
+            else:
+                self.itl.add(now - seq.last_token_at)
+            seq.last_token_at = now
+            if seq.output_count >= seq.max_output:
+                self._finish(seq, now)
+            elif seq.waiter is not None:
+                _wake(seq, finished=False)
+
+    def _finish(self, seq: Seq, now: float) -> None:
+        self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.status = FINISHED
+        seq.finished_at = now
+        self.completed += 1
+        self.e2e.add(now - seq.arrival)
+        _wake(seq, finished=True)
+
+
+def _wake(seq: Seq, finished: bool) -> None:
+    waiter = seq.waiter
+    if waiter is not None:
+        seq.waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+    if finished and seq.done is not None and not seq.done.done():
+        seq.done.set_result(None)
+
+
+class SimEngine:
+    """Runs an :class:`EngineCore` on the current event loop, one timer per iteration."""
+
+    def __init__(self, core: EngineCore, cost: CostFunction, *, admission_delay: float = 0.0) -> None:
+        self.core = core
+        self.cost = cost
+        self.admission_delay = admission_delay
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._delayed: set[Seq] = set()
+        self.busy_time = 0.0
+
+    def submit(self, seq: Seq) -> None:
+        """Hand a sequence to the engine (its ``arrival`` should be the loop time now)."""
         loop = asyncio.get_running_loop()
-        self.requests += 1
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        done = False
-        try:
-            count, finish, rng = self.plan(req)
-            delay = opts.ttft_ms / 1000
-            if opts.prefill_tokens_per_s:
-                delay += req.prompt_tokens / opts.prefill_tokens_per_s
-            if delay > 0:
-                await asyncio.sleep(delay)
-            stops = req.stop
-            text = ""
-            emitted = 0
-            start = loop.time()
-            rate = opts.tokens_per_s
-            for i in range(count):
-                if rate and i:
-                    wait = start + i / rate - loop.time()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                word = VOCABULARY[rng.randrange(len(VOCABULARY))]
-                text += word if i == 0 else " " + word
-                self.generated_tokens += 1
-                last = i == count - 1
-                reason: str | None = finish if last else None
-                cut = len(text)
-                if stops:
-                    hits = [p for p in (text.find(s, max(emitted - len(s) + 1, 0)) for s in stops) if p >= 0]
-                    if hits:
-                        cut, reason, last = min(hits), "stop", True
-                    elif not last:
-                        cut = len(text) - _held_back(text, stops)
-                piece = text[emitted:cut]
-                emitted = max(emitted, cut)
-                if last:
-                    done = True
-                    tokens = i + 1
-                    yield Chunk(
-                        piece, 1, reason, Usage(req.prompt_tokens, tokens, req.prompt_tokens + tokens)
-                    )
-                    return
-                yield Chunk(piece, 1)
-            done = True
-            if count == 0:
-                yield Chunk("", 0, finish, Usage(req.prompt_tokens, 0, req.prompt_tokens))
-        finally:
-            if not done:
-                self.aborted += 1
-            self.running -= 1
-            self._slots.release()
+        if not self.core.fits(seq):
+            raise ValueError(
+                f"a sequence of {seq.prompt_len} prompt tokens can never fit in this engine's "
+                f"KV cache ({self.core.config.num_blocks * self.core.config.block_size} tokens)"
+            )
+        if self.admission_delay > 0:
+            self._delayed.add(seq)
+            loop.call_later(self.admission_delay, self._add, seq)
+        else:
+            self._add(seq)
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name="sim-engine")
+
+    def _add(self, seq: Seq) -> None:
+        if self.admission_delay > 0:
+            if seq not in self._delayed:
+                return  # aborted during the admission delay
+            self._delayed.discard(seq)
+        self.core.add(seq)
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    def abort(self, seq: Seq, *, aborted: bool = True) -> None:
+        """Stop a sequence now (client gone: ``aborted``; or ended early by a stop string)."""
+        if seq in self._delayed:
+            self._delayed.discard(seq)
+            seq.status = FINISHED
+            if aborted:
+                self.core.aborted += 1
+            _wake(seq, finished=True)
+            return
+        self.core.abort(seq, aborted=aborted)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = self.core
+        cost = self.cost
+        while True:
+            batch = core.schedule()
+            if batch is None:
+                self._idle = loop.create_future()
+                await self._idle
+                self._idle = None
+                continue
+            dt = cost.step_time(
+                batch.prefill_tokens, batch.prefill_attn, batch.decode_seqs, batch.decode_kv_tokens
+            )
+            self.busy_time += dt
+            await asyncio.sleep(dt)
+            core.apply(batch, loop.time())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    def load(self) -> EndpointLoad:
+        return self.core.load()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from shuniu.core.config import Options
@@ -10,23 +12,54 @@ __all__ = ["SimOptions"]
 
 
 class SimOptions(Options):
-    ttft_ms: float = Field(30.0, ge=0)
-    """Fixed time before the first token (queueing in the engine not included)."""
+    hardware: str | None = None
+    """Hardware profile (``h200``, ``h100-sxm``, ``a100-80gb``, ``l40s``, ``rtx-4090``,
+    ``ascend-910b``, ``cpu``, or a path to a profile YAML). With ``model``, iteration times come
+    from the roofline cost model and the KV cache is sized from device memory."""
+    model: str | None = None
+    """Model profile (``qwen2.5-7b``, ``llama-3.1-8b``, ... or a path to a profile YAML)."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """Devices one replica spans (weights and KV split across them)."""
+    weight_precision: str | None = None
+    """Override the model profile's weight precision (``bf16``, ``fp8``, ``int8``, ``int4-awq``, ...)."""
+    kv_precision: str | None = None
+    """Override the KV-cache precision (``bf16`` or ``fp8``)."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Share of device memory the engine may use (vLLM's knob of the same name)."""
+    ttft_ms: float | None = Field(None, ge=0)
+    """Fixed extra delay before a request reaches the engine (network, tokenizer). Default:
+    30 ms with fixed-rate timing, 0 with hardware and model profiles."""
     prefill_tokens_per_s: float = Field(20000.0, ge=0)
-    """Prompt tokens processed per second; adds prompt/rate to the first-token time. 0 = free."""
+    """Fixed-rate timing (no profiles): prompt tokens per second. 0 = free."""
     tokens_per_s: float = Field(60.0, ge=0)
-    """Decode speed of one request in tokens per second. 0 = as fast as possible."""
+    """Fixed-rate timing (no profiles): iterations per second, so each running request decodes
+    this many tokens per second whatever the batch size. 0 = as fast as possible."""
+    kv_cache_tokens: int | None = Field(None, ge=16)
+    """KV-cache capacity in tokens. Default: from the profiles' memory arithmetic, or 262144
+    with fixed-rate timing."""
+    block_size: int = Field(16, ge=1, le=1024)
+    """Tokens per KV block (prefix caching works on full blocks)."""
     max_num_seqs: int = Field(256, ge=1)
-    """Requests the engine runs at once; more wait inside the engine (reported as waiting)."""
-    max_model_len: int = Field(8192, ge=16)
-    """Context window in tokens."""
+    """Sequences the engine runs at once; more wait inside the engine (reported as waiting)."""
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    """Token budget of one iteration, shared by decodes and prefill chunks."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts over several iterations instead of waiting for a whole budget."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of prompts that share a prefix."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """Order of the engine's waiting queue; ``priority`` also picks preemption victims by it."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Context window in tokens. Default: the model's, else 8192."""
     output_tokens_min: int = Field(16, ge=1)
     """Shortest natural answer (when ``max_tokens`` does not stop it first)."""
     output_tokens_max: int = Field(256, ge=1)
     """Longest natural answer."""
 
     @model_validator(mode="after")
-    def _range(self) -> SimOptions:
+    def _check(self) -> SimOptions:
         if self.output_tokens_min > self.output_tokens_max:
             raise ValueError("output_tokens_min must not exceed output_tokens_max")
+        if (self.hardware is None) != (self.model is None):
+            raise ValueError("give both `hardware` and `model` profiles, or neither")
         return self

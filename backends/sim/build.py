@@ -1,0 +1,73 @@
+"""Building a simulated engine from ``sim`` options: profiles → cost model and KV size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shuniu.backends.sim.engine import CostFunction, EngineConfig, EngineCore, SimEngine
+from shuniu.backends.sim.options import SimOptions
+from shuniu.backends.sim.timing import FixedRateCost
+
+__all__ = ["EngineSetup", "build_engine"]
+
+DEFAULT_KV_TOKENS = 262144
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class EngineSetup:
+    engine: SimEngine
+    max_model_len: int
+    description: str
+
+
+def _ids():  # type: ignore[no-untyped-def]
+    try:
+        from shuniu.backends.sim.synthetic import synthetic_ids
+    except ImportError:  # pragma: no cover - until the workload module lands
+        return None
+    return synthetic_ids
+
+
+def build_engine(options: SimOptions, max_model_len: int | None = None) -> EngineSetup:
+    """An engine as the options describe it; ``max_model_len`` is the deployment's value,
+    used when the options give none."""
+    cost: CostFunction
+    if options.hardware is not None and options.model is not None:
+        from shuniu.backends.sim.costmodel import CostModel
+        from shuniu.backends.sim.profiles import kv_cache_tokens, load_hardware, load_model
+
+        hw = load_hardware(options.hardware)
+        model = load_model(
+            options.model, weight_precision=options.weight_precision, kv_precision=options.kv_precision
+        )
+        tp = options.tensor_parallel_size
+        cost = CostModel(model, hw, tp)
+        kv_tokens = options.kv_cache_tokens or kv_cache_tokens(
+            model, hw, tp=tp, gpu_memory_utilization=options.gpu_memory_utilization
+        )
+        if kv_tokens < options.block_size:
+            raise ValueError(
+                f"{model.name} does not fit on {tp} x {hw.name} with room for a KV cache "
+                f"(try a larger tensor_parallel_size or a smaller weight precision)"
+            )
+        limit = options.max_model_len or max_model_len or model.max_position
+        delay = (options.ttft_ms or 0.0) / 1000
+        description = f"{model.name} on {tp}x {hw.name}"
+    else:
+        cost = FixedRateCost(options.tokens_per_s, options.prefill_tokens_per_s)
+        kv_tokens = options.kv_cache_tokens or DEFAULT_KV_TOKENS
+        limit = options.max_model_len or max_model_len or DEFAULT_MAX_MODEL_LEN
+        delay = (30.0 if options.ttft_ms is None else options.ttft_ms) / 1000
+        description = f"fixed-rate, {options.tokens_per_s:g} tokens/s per request"
+    config = EngineConfig(
+        num_blocks=max(kv_tokens // options.block_size, 1),
+        block_size=options.block_size,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        chunked_prefill=options.enable_chunked_prefill,
+        prefix_caching=options.enable_prefix_caching,
+        priority=options.scheduling_policy == "priority",
+    )
+    engine = SimEngine(EngineCore(config, _ids()), cost, admission_delay=delay)
+    return EngineSetup(engine, limit, description)

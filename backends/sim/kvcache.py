@@ -1,0 +1,123 @@
+"""Paged KV cache with prefix caching, as vLLM manages it.
+
+The cache is a pool of fixed-size blocks. A block that holds a *full* block of tokens gets a
+hash chained from its predecessor's (``hash((parent, tokens))``), so equal prefixes map to
+equal hash chains. When a request ends its blocks are not wiped: a hashed block with no
+users goes to an LRU list and can be reused by the next request with the same prefix,
+until allocation pressure evicts it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+__all__ = ["BlockPool", "block_hashes"]
+
+
+def block_hashes(tokens: list[int], block_size: int, parent: int = 0, start_block: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens`` from ``start_block`` on."""
+    out: list[int] = []
+    h = parent
+    n_full = len(tokens) // block_size
+    for b in range(start_block, n_full):
+        h = hash((h, tuple(tokens[b * block_size : (b + 1) * block_size])))
+        out.append(h)
+    return out
+
+
+class BlockPool:
+    """Block bookkeeping: free blocks, reference counts, and the prefix-cache index."""
+
+    __slots__ = (
+        "_evictable",
+        "_free",
+        "_hash_of",
+        "_index",
+        "_refs",
+        "caching",
+        "evictions",
+        "num_blocks",
+        "used",
+    )
+
+    def __init__(self, num_blocks: int, caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.caching = caching
+        self._free: deque[int] = deque(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, int] = {}  # block id -> content hash
+        self._index: dict[int, int] = {}  # content hash -> block id
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with no user, LRU first
+        self.used = 0  # blocks with at least one user
+        self.evictions = 0
+
+    @property
+    def available(self) -> int:
+        """Blocks that an allocation could get (free or evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    def usage(self) -> float:
+        return self.used / self.num_blocks if self.num_blocks else 0.0
+
+    def lookup(self, hashes: list[int]) -> list[int]:
+        """The cached blocks matching the longest prefix of ``hashes`` (not yet claimed)."""
+        if not self.caching:
+            return []
+        found: list[int] = []
+        index = self._index
+        for h in hashes:
+            block = index.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def claim(self, blocks: list[int]) -> None:
+        """Take a reference on cached blocks found by :meth:`lookup`."""
+        refs = self._refs
+        for b in blocks:
+            if refs[b] == 0:
+                self._evictable.pop(b, None)
+                self.used += 1
+            refs[b] += 1
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` fresh blocks, evicting least-recently-used cached blocks if needed; ``None``
+        (and nothing taken) when there are not enough."""
+        if n > len(self._free) + len(self._evictable):
+            return None
+        out: list[int] = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.popleft()
+            else:
+                b, _ = self._evictable.popitem(last=False)
+                h = self._hash_of.pop(b)
+                if self._index.get(h) == b:
+                    del self._index[h]
+                self.evictions += 1
+            self._refs[b] = 1
+            out.append(b)
+        self.used += n
+        return out
+
+    def register(self, block: int, h: int) -> None:
+        """Block ``block`` is now full with content hash ``h``: make it findable."""
+        if not self.caching or block in self._hash_of:
+            return
+        self._hash_of[block] = h
+        self._index.setdefault(h, block)
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference on each block; unreferenced hashed blocks stay cached (LRU),
+        unhashed ones go back to the free list. Released in reverse so that a request's tail
+        blocks are evicted before its prefix, as vLLM does."""
+        refs = self._refs
+        for b in reversed(blocks):
+            refs[b] -= 1
+            if refs[b] == 0:
+                self.used -= 1
+                if b in self._hash_of:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)

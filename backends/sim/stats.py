@@ -1,0 +1,57 @@
+"""Bounded-memory latency statistics: a log-bucket histogram (1% relative resolution)."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["LogHistogram"]
+
+_GROWTH = 1.01
+_LOG_GROWTH = math.log(_GROWTH)
+_MIN = 1e-6  # values below 1 µs share the first bucket
+
+
+class LogHistogram:
+    """Counts of values in geometric buckets; quantiles within ~1% of the exact value,
+    memory independent of the number of samples."""
+
+    __slots__ = ("_counts", "count", "max", "total")
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+
+    def add(self, value: float, n: int = 1) -> None:
+        idx = int(math.log(value / _MIN) / _LOG_GROWTH) if value > _MIN else 0
+        counts = self._counts
+        counts[idx] = counts.get(idx, 0) + n
+        self.count += n
+        self.total += value * n
+        if value > self.max:
+            self.max = value
+
+    def merge(self, other: LogHistogram) -> None:
+        for idx, n in other._counts.items():
+            self._counts[idx] = self._counts.get(idx, 0) + n
+        self.count += other.count
+        self.total += other.total
+        self.max = max(self.max, other.max)
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The value at quantile ``q`` (0..1); 0 for an empty histogram."""
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for idx in sorted(self._counts):
+            seen += self._counts[idx]
+            if seen >= rank:
+                # the bucket's geometric midpoint
+                value = _MIN * _GROWTH ** (idx + 0.5) if idx else _MIN
+                return min(value, self.max)
+        return self.max

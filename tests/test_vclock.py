@@ -1,0 +1,58 @@
+"""The virtual-time event loop: real-time asyncio code, no real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shuniu.backends.sim.vclock import run_virtual
+
+
+def test_sleeps_cost_no_wall_time_and_keep_order() -> None:
+    order: list[tuple[str, float]] = []
+
+    async def worker(name: str, delay: float, times: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(times):
+            await asyncio.sleep(delay)
+            order.append((name, loop.time()))
+
+    async def main() -> float:
+        await asyncio.gather(worker("a", 1.0, 3), worker("b", 1.5, 2))
+        return asyncio.get_running_loop().time()
+
+    end = run_virtual(main())
+    assert end == pytest.approx(3.0)
+    assert order[:3] == [("a", 1.0), ("b", 1.5), ("a", 2.0)]
+    assert sorted(order[3:]) == [("a", 3.0), ("b", 3.0)]  # equal times: either order
+
+
+def test_timeouts_work_in_virtual_time() -> None:
+    async def main() -> str:
+        try:
+            async with asyncio.timeout(10):
+                await asyncio.sleep(3600)
+        except TimeoutError:
+            return f"timed out at {asyncio.get_running_loop().time():g}"
+        return "no"
+
+    assert run_virtual(main()) == "timed out at 10"
+
+
+def test_deadlock_is_reported() -> None:
+    async def main() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(RuntimeError, match="deadlock"):
+        run_virtual(main())
+
+
+def test_a_day_passes_without_waiting_for_it() -> None:
+    # On a real clock this would outlast the test timeout by far.
+    async def main() -> float:
+        for _ in range(24):
+            await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    assert run_virtual(main()) == 86400
