@@ -13,7 +13,7 @@ import gc
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -112,8 +112,17 @@ class _Dispatch:
 class Gateway:
     """One gateway process: pools, their endpoints, and the HTTP app serving them."""
 
-    def __init__(self, resolved: ResolvedDeployment, plugins: PluginManager) -> None:
+    def __init__(
+        self,
+        resolved: ResolvedDeployment,
+        plugins: PluginManager,
+        *,
+        extra_routes: Sequence[Any] = (),
+    ) -> None:
+        """``extra_routes`` are more Litestar route handlers to serve (e.g. the simulator
+        server's ``/metrics``)."""
         self.resolved = resolved
+        self._extra_routes = list(extra_routes)
         self.config = resolved.deployment
         self.plugins = plugins
         self.pools: dict[str, Pool] = {}
@@ -527,7 +536,7 @@ class Gateway:
             return _json_response(request, 200 if ok else 503, body)
 
         return Litestar(
-            route_handlers=[chat_completions, completions, models, health, ready],
+            route_handlers=[chat_completions, completions, models, health, ready, *self._extra_routes],
             exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
             on_startup=[self.start],
             on_shutdown=[self.stop],
