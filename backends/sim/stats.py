@@ -42,6 +42,11 @@ class LogHistogram:
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
+    def count_le(self, bound: float) -> int:
+        """How many values are ≤ ``bound`` (to bucket resolution), for Prometheus histograms."""
+        limit = int(math.log(bound / _MIN) / _LOG_GROWTH) if bound > _MIN else 0
+        return sum(n for idx, n in self._counts.items() if idx <= limit)
+
     def quantile(self, q: float) -> float:
         """The value at quantile ``q`` (0..1); 0 for an empty histogram."""
         if not self.count:
