@@ -299,6 +299,7 @@ class EngineCore:
         cfg = self.config
         pool = self.pool
         budget = cfg.max_num_batched_tokens
+        bs = cfg.block_size
         batch = Batch()
         items = batch.items
         preempted = False
@@ -312,7 +313,7 @@ class EngineCore:
             if n <= 0:
                 i += 1
                 continue
-            extra = self._blocks_for(seq.num_computed + n) - len(seq.blocks)
+            extra = (seq.num_computed + n + bs - 1) // bs - len(seq.blocks)
             if extra > 0:
                 new = pool.allocate(extra)
                 while new is None:
@@ -378,6 +379,9 @@ class EngineCore:
         bs = self.config.block_size
         caching = self.config.prefix_caching
         pool = self.pool
+        # Sequences that decoded in the same earlier iteration share one inter-token gap:
+        # count them per distinct gap instead of one histogram update per token.
+        gaps: dict[float, int] = {}
         for seq, n in batch.items:
             if seq.status != RUNNING:
                 continue  # aborted or preempted meanwhile
@@ -398,12 +402,15 @@ class EngineCore:
                 self.prompt_tokens += seq.prompt_len
                 self.ttft.add(now - seq.arrival)
             else:
-                self.itl.add(now - seq.last_token_at)
+                last = seq.last_token_at
+                gaps[last] = gaps.get(last, 0) + 1
             seq.last_token_at = now
             if seq.output_count >= seq.max_output:
                 self._finish(seq, now)
             elif seq.waiter is not None:
                 _wake(seq, finished=False)
+        for last, count in gaps.items():
+            self.itl.add(now - last, count)
 
     def _finish(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)

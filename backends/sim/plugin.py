@@ -21,3 +21,10 @@ def register_backends(register) -> None:  # type: ignore[no-untyped-def]
         options=SimOptions,
         description="Built-in simulated engine (no GPU): deterministic text at a set token rate.",
     )
+
+
+@hookimpl
+def register_commands(cli) -> None:  # type: ignore[no-untyped-def]
+    from shuniu.backends.sim.commands import simulate_command
+
+    cli.add_command(simulate_command)
