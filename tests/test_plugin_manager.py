@@ -136,7 +136,7 @@ def test_builtins_are_registered_through_the_entry_point_group() -> None:
         assert infos[name].version == __version__ == importlib.metadata.version("shuniu")
         # The plugin object is the module the entry point names.
         assert plugins.pm.get_plugin(name).__name__ == declared[name]
-    assert infos["sim"].hooks == ("register_backends",)
+    assert infos["sim"].hooks == ("register_backends", "register_commands")
     assert infos["openai"].hooks == ("register_backends",)
     assert infos["round_robin"].hooks == ("register_balancers",)
     assert infos["fifo"].hooks == ("register_schedulers",)

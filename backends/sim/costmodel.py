@@ -1,0 +1,207 @@
+"""The roofline cost model: seconds per engine iteration for a hardware and model profile.
+
+One iteration of a continuous-batching engine runs the new prompt tokens of some prefill chunks
+and one token of each decoding sequence through the model. Its time is
+
+    max(compute / achievable FLOP/s, bytes / achievable bandwidth)
+      + iteration overhead + per-sequence overhead x decoding sequences
+      + tensor-parallel all-reduces
+
+where, per iteration (T = prefill tokens + decoding sequences, A = attention token pairs =
+``prefill_attn + decode_kv_tokens``):
+
+- compute = 2 x decoder parameters x T                 (at the weights' compute precision)
+          + 2 x LM-head parameters x decoding sequences (16-bit; prefill samples ~1 per chunk)
+          + 4 x layers x heads x head_dim x A          (QK^T and PV, 16-bit)
+- bytes   = decoder + LM-head weight bytes (read once; the embedding is a lookup)
+          + KV bytes per token x (decode_kv_tokens + prefill context read + T written)
+
+The prefill context read is approximated by ``prefill_attn / prefill_tokens`` tokens (exact for a
+single chunk up to half its own length, which FlashAttention keeps on chip; prefill is
+compute-bound, so the term hardly matters). Attention FLOPs are counted in full for decode and
+causally for prefill, as the engine reports them.
+
+Tensor parallelism over ``tp`` devices divides compute and weight bytes by ``tp`` and KV bytes
+by the per-device share of KV heads (replicated when ``tp`` exceeds them); it adds two
+all-reduces per layer (after attention and after the MLP) of T x hidden 16-bit activations:
+ring time 2 (tp - 1) / tp x bytes over the one-direction link bandwidth x efficiency, plus a
+fixed latency per all-reduce. Communication is not overlapped with compute (as in vLLM).
+
+Compute precision: FP8 weights use the FP8 peak where the hardware has one, else BF16 (W8A16
+kernels such as FP8 Marlin); INT8/INT4 weight-only quantization computes in BF16 and only reads
+fewer bytes.
+
+Every constant is folded at construction, so :meth:`CostModel.step_time` is a handful of float
+operations: it is called once per simulated iteration, millions of times per run.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from shuniu.backends.sim.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    bytes_per_weight,
+    compute_precision,
+    kv_bytes_per_token_per_device,
+    tensor_parallel_problem,
+)
+
+__all__ = ["CostModel", "StepBreakdown"]
+
+
+class StepBreakdown(NamedTuple):
+    """The parts of one iteration's time, in seconds."""
+
+    compute_s: float
+    """Matmul and attention FLOPs over the achievable FLOP/s."""
+    memory_s: float
+    """Weight and KV bytes over the achievable bandwidth."""
+    overhead_s: float
+    """Fixed iteration overhead plus the per-sequence host time."""
+    comm_s: float
+    """Tensor-parallel all-reduces (0 without tensor parallelism)."""
+    total_s: float
+    """What :meth:`CostModel.step_time` returns."""
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which roof the iteration sits under."""
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+class CostModel:
+    """Iteration times of one engine replica: ``model`` on ``tp`` devices of ``hardware``."""
+
+    __slots__ = (
+        "_c_comm",
+        "_c_head",
+        "_c_pair",
+        "_c_seq",
+        "_c_token",
+        "_fixed",
+        "_fixed_comm",
+        "_m_fixed",
+        "_m_kv",
+        "compute_precision",
+        "hardware",
+        "model",
+        "tp",
+    )
+
+    def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1) -> None:
+        problem = tensor_parallel_problem(model, tp)
+        if problem is not None:
+            raise ValueError(problem)
+        if tp > hardware.max_tensor_parallel:
+            raise ValueError(
+                f"{hardware.name} allows at most {hardware.max_tensor_parallel} devices per replica, not {tp}"
+            )
+        self.model = model
+        self.hardware = hardware
+        self.tp = tp
+        precision = compute_precision(model, hardware)
+        self.compute_precision = precision
+        act_precision = "fp32" if model.weight_precision == "fp32" else "bf16"
+        if model.weight_precision == "fp16":
+            act_precision = "fp16"
+        act_bytes = 4 if act_precision == "fp32" else 2
+        peak_linear = hardware.peak_flops(precision)
+        peak_act = hardware.peak_flops(act_precision)
+        assert peak_linear is not None and peak_act is not None  # bf16/fp16/fp32 always have one
+        flops_linear = peak_linear * hardware.compute_efficiency * tp
+        flops_act = peak_act * hardware.compute_efficiency * tp
+        bandwidth = hardware.memory_bandwidth_gb_s * 1e9 * hardware.bandwidth_efficiency
+
+        lm_head = model.embedding_params
+        head_bytes = 4 if model.weight_precision == "fp32" else 2
+        weights_read = model.body_params * bytes_per_weight(model.weight_precision) + lm_head * head_bytes
+
+        # seconds per unit of each input
+        self._c_token = 2.0 * model.active_body_params / flops_linear
+        self._c_head = 2.0 * lm_head / flops_act
+        self._c_pair = 4.0 * model.num_layers * model.num_attention_heads * model.head_dim / flops_act
+        self._m_fixed = weights_read / tp / bandwidth
+        self._m_kv = kv_bytes_per_token_per_device(model, tp) / bandwidth
+        self._c_seq = hardware.seq_overhead_us * 1e-6
+        if tp > 1:
+            link = hardware.interconnect_gb_s * 1e9 / 2 * hardware.interconnect_efficiency
+            ring = 2.0 * (tp - 1) / tp
+            self._c_comm = 2 * model.num_layers * ring * model.hidden_size * act_bytes / link
+            self._fixed_comm = 2 * model.num_layers * hardware.allreduce_latency_us * 1e-6
+        else:
+            self._c_comm = 0.0
+            self._fixed_comm = 0.0
+        self._fixed = hardware.iteration_overhead_ms * 1e-3 + self._fixed_comm
+
+    def step_time(
+        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+    ) -> float:
+        """Seconds one engine iteration takes.
+
+        ``prefill_tokens``: new prompt tokens computed (summed over prefill chunks);
+        ``prefill_attn``: sum over chunks of ``chunk_len x (context_before + chunk_len / 2)``;
+        ``decode_seqs``: sequences decoding one token; ``decode_kv_tokens``: KV tokens those
+        sequences attend over in total. 0 for an empty batch.
+        """
+        tokens = prefill_tokens + decode_seqs
+        if tokens <= 0:
+            return 0.0
+        compute = (
+            tokens * self._c_token
+            + decode_seqs * self._c_head
+            + (prefill_attn + decode_kv_tokens) * self._c_pair
+        )
+        kv = decode_kv_tokens + tokens
+        if prefill_tokens:
+            kv += prefill_attn / prefill_tokens
+        memory = self._m_fixed + kv * self._m_kv
+        if compute > memory:
+            memory = compute
+        return memory + self._fixed + decode_seqs * self._c_seq + tokens * self._c_comm
+
+    def breakdown(
+        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+    ) -> StepBreakdown:
+        """:meth:`step_time` split into its parts (for reports and tests; not for the hot path)."""
+        tokens = prefill_tokens + decode_seqs
+        if tokens <= 0:
+            return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
+        compute = (
+            tokens * self._c_token
+            + decode_seqs * self._c_head
+            + (prefill_attn + decode_kv_tokens) * self._c_pair
+        )
+        kv = decode_kv_tokens + tokens + (prefill_attn / prefill_tokens if prefill_tokens else 0.0)
+        memory = self._m_fixed + kv * self._m_kv
+        overhead = self._fixed - self._fixed_comm + decode_seqs * self._c_seq
+        comm = self._fixed_comm + tokens * self._c_comm
+        total = max(compute, memory) + overhead + comm
+        return StepBreakdown(compute, memory, overhead, comm, total)
+
+    def prefill_time(self, tokens: int, context: int = 0) -> float:
+        """Seconds to prefill ``tokens`` prompt tokens in one iteration after ``context`` tokens
+        already cached (a prefix-cache hit or an earlier chunk)."""
+        return self.step_time(tokens, tokens * (context + tokens / 2), 0, 0)
+
+    def decode_time(self, batch: int, context: int) -> float:
+        """Seconds of one decode iteration of ``batch`` sequences, each attending over
+        ``context`` tokens."""
+        return self.step_time(0, 0.0, batch, batch * context)
+
+    def decode_crossover_batch(self, context: int = 0) -> float | None:
+        """Decode batch size at which an iteration turns from memory-bound to compute-bound
+        when each sequence attends over ``context`` tokens; ``None`` when it never does (the
+        KV reads grow faster than the FLOPs)."""
+        per_seq_compute = self._c_token + self._c_head + context * self._c_pair
+        per_seq_memory = (context + 1) * self._m_kv
+        if per_seq_compute <= per_seq_memory:
+            return None
+        return self._m_fixed / (per_seq_compute - per_seq_memory)
+
+    def __repr__(self) -> str:
+        return (
+            f"CostModel({self.model.spec} on {self.tp}x {self.hardware.name}, "
+            f"compute in {self.compute_precision})"
+        )
