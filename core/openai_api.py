@@ -45,6 +45,7 @@ class _Common(msgspec.Struct):
     user: str | None = None
     n: int | None = None
     ignore_eos: bool = False
+    priority: int = 0
 
 
 class _ChatBody(_Common):
@@ -199,6 +200,7 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         stop=stops,
         ignore_eos=parsed.ignore_eos,
         seed=parsed.seed,
+        priority=parsed.priority,
         arrival=now,
     )
 

@@ -214,8 +214,9 @@ class EngineCore:
             self._fifo.popleft()
         self.num_waiting -= 1
 
-    def abort(self, seq: Seq, *, aborted: bool = True) -> None:
-        """Drop a sequence at once, freeing its blocks (client gone, or a stop string hit)."""
+    def abort(self, seq: Seq, *, aborted: bool = True, now: float | None = None) -> None:
+        """Drop a sequence at once, freeing its blocks: the client went away (``aborted``), or
+        it ended early (a stop string hit), which counts as a completion at ``now``."""
         if seq.status == FINISHED:
             return
         if seq.status == WAITING:
@@ -229,6 +230,9 @@ class EngineCore:
             self.aborted += 1
         else:
             self.completed += 1
+            if now is not None:
+                seq.finished_at = now
+                self.e2e.add(now - seq.arrival)
         _wake(seq, finished=True)
 
     def fits(self, seq: Seq) -> bool:
@@ -480,7 +484,7 @@ class SimEngine:
                 self.core.aborted += 1
             _wake(seq, finished=True)
             return
-        self.core.abort(seq, aborted=aborted)
+        self.core.abort(seq, aborted=aborted, now=asyncio.get_running_loop().time())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
