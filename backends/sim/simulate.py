@@ -105,14 +105,12 @@ async def _run(
     gateway: Any,
     requests: Iterator[Any],
     default_model: str,
-    slo: dict[str, float] | None,
+    slo: Any,
     result: SimulationResult,
     progress: Callable[[float, int], None] | None,
 ) -> None:
     loop = asyncio.get_running_loop()
     await gateway.start()
-    ttft_slo = slo.get("ttft_s", slo.get("ttft_p99_s")) if slo else None
-    itl_slo = slo.get("itl_s", slo.get("itl_p99_s")) if slo else None
     pools: dict[str, Pool] = gateway.routes
     inflight: set[asyncio.Task[None]] = set()
 
@@ -170,9 +168,10 @@ async def _run(
         result.ttft.add(ttft)
         result.e2e.add(end - now)
         result.requests_completed += 1
-        if slo:
-            tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else 0.0
-            if (ttft_slo is None or ttft <= ttft_slo) and (itl_slo is None or tpot <= itl_slo):
+        if slo is not None:
+            # A request's inter-token latency is its mean gap (time per output token).
+            tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
+            if slo.meets(ttft, itl=tpot, e2e=end - now):
                 result.met_slo += 1
 
     n = 0
@@ -240,7 +239,7 @@ def simulate(
             gateway,
             workload.requests(seed=seed, duration=duration),
             default_model,
-            result.slo,
+            workload.slo,
             result,
             progress,
         )

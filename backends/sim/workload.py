@@ -29,7 +29,7 @@ import hashlib
 import math
 import random
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from heapq import heappop, heappush, merge
 from itertools import accumulate
@@ -367,35 +367,36 @@ class Arrival(Options):
 
     def times(self, rng: random.Random) -> Iterator[float]:
         """Arrival times, increasing, forever (or until the rate stays at 0)."""
+        gap: Callable[[], float]
         if self.process == "poisson":
-            gap = rng.expovariate
-            arg = 1.0
+            expovariate = rng.expovariate
+
+            def gap() -> float:
+                return expovariate(1.0)
+
         elif self.process == "gamma":
             cv2 = (self.cv or 1.0) ** 2
-            gamma, shape = rng.gammavariate, 1.0 / cv2
+            gammavariate, shape = rng.gammavariate, 1.0 / cv2
 
-            def gap(_: float) -> float:
-                return gamma(shape, cv2)
+            def gap() -> float:
+                return gammavariate(shape, cv2)  # mean 1, coefficient of variation cv
 
-            arg = 1.0
         else:
 
-            def gap(_: float) -> float:
+            def gap() -> float:
                 return 1.0
 
-            arg = 1.0
+        u = 0.0  # operational time: a unit-rate renewal process
         if self.rate is not None:
             if self.rate <= 0:
                 return
             inv = 1.0 / self.rate
-            u = 0.0
             while True:
-                u += gap(arg)
+                u += gap()
                 yield u * inv
         intensity = _Intensity(self)
-        u = 0.0
         while True:
-            u += gap(arg)
+            u += gap()
             t = intensity.inverse(u)
             if t == math.inf:
                 return
@@ -866,14 +867,15 @@ def _plain(s: PlainStream, name: str, seed: int, end: float, prompts: bool) -> I
 
 
 class _Conversation:
-    __slots__ = ("history", "index", "length", "next_at", "rng", "turn", "turns", "user")
+    """A live conversation: a few numbers per turn, never token lists."""
 
-    def __init__(self, index: int, user: int, turns: int, rng: random.Random, at: float) -> None:
+    __slots__ = ("history", "index", "length", "rng", "turn", "turns", "user")
+
+    def __init__(self, index: int, user: int, turns: int, rng: random.Random) -> None:
         self.index = index
         self.user = user
         self.turns = turns
         self.rng = rng
-        self.next_at = at
         self.turn = 0
         self.history: list[tuple[int, int]] = []
         """(seed, length) of each earlier user message and answer, in order."""
@@ -907,7 +909,7 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             if at >= end:
                 return
             rng = random.Random(_seed(seed, name, "conversation", started))
-            conv = _Conversation(started, rng.randrange(s.users), turns(rng), rng, at)
+            conv = _Conversation(started, rng.randrange(s.users), turns(rng), rng)
             started += 1
             next_start = next(starts, math.inf)
         if at >= end:
@@ -954,8 +956,7 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             conv.history.append((user_seed, n_user))
             conv.history.append((output_seed, n_out))
             conv.length += n_user + n_out
-            conv.next_at = at + think.sample(rng)
-            heappush(heap, (conv.next_at, conv.index, conv))
+            heappush(heap, (at + think.sample(rng), conv.index, conv))
 
 
 # --------------------------------------------------------------------------- traces
@@ -1311,9 +1312,12 @@ def _stream_summary(stream: Any, name: str, duration: float, base_dir: Path) -> 
 
 
 def describe(workload: Workload, duration: float | None = None) -> dict[str, Any]:
-    """Expected request rate (over the run), mean input and output tokens and the number of
-    prefix groups, per stream and in total. Chat input lengths are the steady-state mean over
-    turns (ignoring ``max_prompt_tokens`` cut-offs); traces are summarized from the file."""
+    """Expected request rate (averaged over the run for schedules), mean input and output
+    tokens and the number of prefix groups, per stream and in total. Chat streams are given in
+    steady state: rate = conversation rate x mean turns (the first conversations take a
+    while to build up, and conversations still going at the end are cut), input = the mean
+    over turns of the growing prompt, ignoring ``max_prompt_tokens`` cut-offs. Traces are
+    summarized from the file."""
     d = workload.duration_s if duration is None else duration
     streams = [
         _stream_summary(s, name, d, workload.base_dir)

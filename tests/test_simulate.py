@@ -1,0 +1,164 @@
+"""``shuniu simulate``: the deployment's own scheduler and balancer over simulated engines in
+virtual time, checked against what the engine model implies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shuniu.backends.sim.simulate import simulate
+from shuniu.backends.sim.workload import load_workload
+from shuniu.core.config_loader import load_deployment
+from shuniu.core.errors import ConfigError
+from shuniu.core.plugin_manager import load_plugins
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = ROOT / "examples" / "workloads"
+
+
+def _deployment(options: str, replicas: int = 2, extra: str = "", slots: int = 0) -> object:
+    text = textwrap.dedent(
+        f"""
+        models:
+          m:
+            {extra}
+            endpoints:
+              - kind: sim
+                replicas: {replicas}
+                max_concurrency: {slots}
+                options: {options}
+        """
+    )
+    return load_deployment(None, load_plugins(), text=text)
+
+
+LIGHT = """
+name: light
+duration_s: 60
+slo: {ttft_p99_s: 0.5, itl_p99_s: 0.05}
+streams:
+  - arrival: {rate: 2}
+    input_tokens: 64
+    output_tokens: 20
+"""
+
+
+def test_light_load_matches_the_fixed_rate_engine() -> None:
+    # 50 tokens/s per request, 10 ms fixed delay, instant prefill: at 2 requests/s nothing
+    # queues, so TTFT = delay + one iteration and every gap is one iteration.
+    resolved = _deployment("{ttft_ms: 10, tokens_per_s: 50, prefill_tokens_per_s: 0}")
+    result = simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=60)
+    s = result.summary()
+    assert s["requests_completed"] == s["requests_arrived"] > 60
+    assert s["ttft_p50"] == pytest.approx(0.030, rel=0.02)
+    assert s["itl_p50"] == pytest.approx(0.020, rel=0.02) and s["itl_p99"] == pytest.approx(0.020, rel=0.02)
+    assert s["e2e_p50"] == pytest.approx(0.030 + 19 * 0.020, rel=0.02)
+    assert s["goodput"] == 1.0 and s["rejected"] == 0
+    assert result.generated_tokens == 20 * s["requests_completed"]
+    # round_robin alternates between the two replicas
+    done = [e["completed"] for e in s["per_endpoint"].values()]
+    assert abs(done[0] - done[1]) <= 1
+
+
+def test_same_seed_same_result_and_wall_time_is_small() -> None:
+    resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=2)
+    workload = load_workload(WORKLOADS / "poisson-simple.yaml")
+    a = simulate(resolved, load_plugins(), workload, duration=30, seed=3).summary()
+    b = simulate(resolved, load_plugins(), workload, duration=30, seed=3).summary()
+    for key in ("ttft_p99", "itl_p50", "requests_completed", "throughput_tokens_per_s"):
+        assert a[key] == b[key]
+    assert a["sim_time_s"] >= 30
+
+
+def test_shared_prefix_chat_hits_the_prefix_cache() -> None:
+    resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
+    workload = load_workload(WORKLOADS / "chat-shared-prefix.yaml")
+    s = simulate(resolved, load_plugins(), workload, duration=60).summary()
+    assert s["prefix_hit_rate"] > 0.5  # system prompts and conversation history are reused
+    off = _deployment("{hardware: h200, model: qwen2.5-7b, enable_prefix_caching: false}", replicas=1)
+    s_off = simulate(off, load_plugins(), workload, duration=60).summary()
+    assert s_off["prefix_hit_rate"] == 0.0
+    assert s_off["ttft_p50"] > s["ttft_p50"]
+
+
+def test_overload_queues_in_the_gateway_and_sheds() -> None:
+    # One slow replica with 4 slots and a short gateway queue: the scheduler refuses the rest.
+    resolved = _deployment(
+        "{ttft_ms: 0, tokens_per_s: 10, prefill_tokens_per_s: 0}",
+        replicas=1,
+        extra="scheduler: {policy: fifo, options: {max_queue: 4, max_wait_s: 1}}",
+        slots=4,
+    )
+    text = LIGHT.replace("rate: 2", "rate: 20")
+    s = simulate(resolved, load_plugins(), load_workload("heavy", text=text), duration=20).summary()
+    assert s["rejected"] > 0
+    assert set(s["rejected_by_code"]) <= {"queue_full", "queue_timeout"}
+    assert s["requests_completed"] + s["rejected"] == s["requests_arrived"]
+    assert s["goodput"] < 0.5
+
+
+def test_non_sim_endpoints_are_refused() -> None:
+    resolved = load_deployment(
+        None,
+        load_plugins(),
+        text="models:\n  m:\n    endpoints: [{kind: openai, options: {base_url: 'http://127.0.0.1:9/v1'}}]\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=5)
+    assert info.value.problems[0].path == "models.m.endpoints[0].kind"
+
+
+def test_cli_json(tmp_path: Path) -> None:
+    dep = tmp_path / "d.yaml"
+    dep.write_text(
+        "models:\n  m:\n    endpoints:\n"
+        "      - {kind: sim, replicas: 2, options: {hardware: h100-sxm, model: llama-3.1-8b}}\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shuniu.core",
+            "simulate",
+            str(dep),
+            "-w",
+            str(WORKLOADS / "long-short-mix.yaml"),
+            "--duration",
+            "20",
+            "--rate-scale",
+            "0.5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    for key in (
+        "ttft_p50",
+        "ttft_p99",
+        "itl_p50",
+        "itl_p99",
+        "e2e_p99",
+        "throughput_tokens_per_s",
+        "requests_completed",
+        "goodput",
+        "prefix_hit_rate",
+        "preemptions",
+        "rejected",
+    ):
+        assert key in s
+    assert s["requests_completed"] > 0
+    bad = subprocess.run(
+        [sys.executable, "-m", "shuniu.core", "simulate", str(dep), "-w", str(dep)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
