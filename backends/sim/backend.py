@@ -14,9 +14,10 @@ from typing import ClassVar
 
 from shuniu.backends.sim.build import build_engine
 from shuniu.backends.sim.engine import FINISHED, Seq
+from shuniu.backends.sim.faults import FaultState
 from shuniu.backends.sim.options import SimOptions
 from shuniu.backends.sim.text import VOCABULARY, rng_for
-from shuniu.core.errors import bad_request
+from shuniu.core.errors import bad_request, upstream_error
 from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.tokens import split_tokens
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Usage
@@ -63,17 +64,42 @@ class SimBackend(BackendBase):
         self.engine = setup.engine
         self.max_model_len = setup.max_model_len
         self.description = setup.description
+        self.faults = (
+            FaultState(self.options.faults, spec.name, self.engine.abort_all) if self.options.faults else None
+        )
+
+    async def start(self) -> None:
+        if self.faults is not None:
+            self.faults.start()
 
     async def stop(self) -> None:
         await self.engine.stop()
+
+    async def run_seq(self, seq: Seq) -> None:
+        """Run an engine-level sequence to its end (``shuniu simulate``), faults included."""
+        if self.faults is not None:
+            await self.faults.before_request()
+        seq.done = asyncio.get_running_loop().create_future()
+        self.engine.submit(seq)
+        await seq.done
+        if seq.output_count < seq.max_output and self.faults is not None and self.faults.crashed:
+            raise self.faults.down()
 
     async def load(self) -> EndpointLoad:
         return self.engine.load()
 
     async def health(self) -> Health:
+        faults = self.faults
+        if faults is not None:
+            if faults.hung:
+                await asyncio.get_running_loop().create_future()  # a hung engine never answers
+            if faults.crashed:
+                return Health(False, "simulated crash")
         return Health(True, f"simulated ({self.description})")
 
     async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
+        if self.faults is not None:
+            await self.faults.before_request()
         count, finish, rng = plan_output(req, self.options, self.max_model_len)
         if count == 0:
             yield Chunk("", 0, finish, Usage(req.prompt_tokens, 0, req.prompt_tokens))
@@ -102,7 +128,13 @@ class SimBackend(BackendBase):
             while True:
                 if seq.output_count == tokens:
                     if seq.status == FINISHED:
-                        return  # finished without a token we have not sent (cannot happen)
+                        # Dropped by the engine before its end: only a (simulated) crash does that.
+                        ended = True
+                        raise (
+                            self.faults.down()
+                            if self.faults is not None
+                            else upstream_error(f"The engine endpoint {self.name} dropped the request.")
+                        )
                     seq.waiter = loop.create_future()
                     await seq.waiter
                     continue

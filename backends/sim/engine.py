@@ -235,6 +235,14 @@ class EngineCore:
                 self.e2e.add(now - seq.arrival)
         _wake(seq, finished=True)
 
+    def abort_all(self) -> None:
+        """Drop every sequence (the engine crashed)."""
+        for seq in list(self.running):
+            self.abort(seq)
+        for seq in [*self._fifo, *(entry[3] for entry in self._heap)]:
+            if seq.status == WAITING:
+                self.abort(seq)
+
     def fits(self, seq: Seq) -> bool:
         """Whether the sequence's prompt (plus one token) can ever fit in the KV cache."""
         return self._blocks_for(seq.prompt_len + 1) <= self.config.num_blocks
@@ -485,6 +493,12 @@ class SimEngine:
             _wake(seq, finished=True)
             return
         self.core.abort(seq, aborted=aborted, now=asyncio.get_running_loop().time())
+
+    def abort_all(self) -> None:
+        """Drop everything in the engine, including requests in their admission delay."""
+        for seq in list(self._delayed):
+            self.abort(seq)
+        self.core.abort_all()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from shuniu.backends.sim.faults import FaultOptions
 from shuniu.core.config import Options
 
 __all__ = ["SimOptions"]
@@ -55,6 +56,8 @@ class SimOptions(Options):
     """Shortest natural answer (when ``max_tokens`` does not stop it first)."""
     output_tokens_max: int = Field(256, ge=1)
     """Longest natural answer."""
+    faults: FaultOptions | None = None
+    """Injected faults (errors, latency spikes, crashes, hangs), for resilience testing."""
 
     @model_validator(mode="after")
     def _check(self) -> SimOptions:

@@ -35,6 +35,10 @@ class SimulationResult:
     requests_arrived: int = 0
     requests_completed: int = 0
     rejected: int = 0
+    failed: int = 0
+    """Requests an endpoint failed (injected faults)."""
+    unfinished: int = 0
+    """Requests still running ``drain_s`` after the last arrival (e.g. on a hung endpoint)."""
     rejected_by_code: dict[str, int] = field(default_factory=dict)
     met_slo: int = 0
     slo: dict[str, float] | None = None
@@ -69,6 +73,8 @@ class SimulationResult:
             "prefix_hit_rate": self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0,
             "preemptions": self.preemptions,
             "rejected": self.rejected,
+            "failed": self.failed,
+            "unfinished": self.unfinished,
             "rejected_by_code": dict(self.rejected_by_code),
             "slo": self.slo,
             "sim_time_s": self.sim_time_s,
@@ -108,6 +114,7 @@ async def _run(
     slo: Any,
     result: SimulationResult,
     progress: Callable[[float, int], None] | None,
+    drain_s: float,
 ) -> None:
     loop = asyncio.get_running_loop()
     await gateway.start()
@@ -150,15 +157,16 @@ async def _run(
             priority=spec.priority,
             arrival=admitted,
         )
-        seq.done = loop.create_future()
         outcome = Outcome.ERROR
         try:
-            backend.engine.submit(seq)
-            await seq.done
+            await backend.run_seq(seq)
             outcome = Outcome.OK
         except ValueError:
             result.rejected += 1
             result.rejected_by_code["too_long"] = result.rejected_by_code.get("too_long", 0) + 1
+            return
+        except GatewayError:
+            result.failed += 1
             return
         finally:
             pool.scheduler.release(ticket, outcome)
@@ -186,8 +194,15 @@ async def _run(
         if progress is not None and n % 256 == 0:
             progress(loop.time(), n)
     result.requests_arrived = n
-    while inflight:
-        await asyncio.gather(*list(inflight))
+    if inflight:
+        # A hung endpoint (an injected fault) would keep its requests forever: stop waiting
+        # after `drain_s` and count them as unfinished.
+        _, pending = await asyncio.wait(list(inflight), timeout=drain_s)
+        for task in pending:
+            task.cancel()
+        result.unfinished = len(pending)
+        if pending:
+            await asyncio.wait(pending)
     result.sim_time_s = loop.time()
     if progress is not None:
         progress(loop.time(), n)
@@ -219,6 +234,7 @@ def simulate(
     seed: int = 0,
     model: str | None = None,
     progress: Callable[[float, int], None] | None = None,
+    drain_s: float = 600.0,
 ) -> SimulationResult:
     """Run ``workload`` against the deployment in virtual time and measure it."""
     from shuniu.core.gateway import Gateway
@@ -242,6 +258,7 @@ def simulate(
             workload.slo,
             result,
             progress,
+            drain_s,
         )
 
     run_virtual(main())
