@@ -27,6 +27,11 @@ def _one_endpoint(faults: str, health: str = "{interval_s: 0.05, timeout_s: 0.3,
     """
 
 
+def _workload(rate: float, input_tokens: int, output_tokens: int, duration: float):  # type: ignore[no-untyped-def]
+    stream = f"{{arrival: {{rate: {rate}}}, input_tokens: {input_tokens}, output_tokens: {output_tokens}}}"
+    return load_workload("w", text=f"name: w\nduration_s: {duration}\nstreams:\n  - {stream}\n")
+
+
 def _chat(gw, **kw: object) -> httpx.Response:  # type: ignore[no-untyped-def]
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, **kw}
     return httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=10)
@@ -92,10 +97,7 @@ def test_faults_in_simulation() -> None:
               - {kind: sim, name: steady, options: {ttft_ms: 0, tokens_per_s: 50}}
         """
     )
-    workload = load_workload(
-        "w",
-        text="name: w\nduration_s: 60\nstreams:\n  - {arrival: {rate: 10}, input_tokens: 32, output_tokens: 8}\n",
-    )
+    workload = _workload(rate=10, input_tokens=32, output_tokens=8, duration=60)
     s = simulate(load_deployment(None, load_plugins(), text=text), load_plugins(), workload).summary()
     assert s["requests_completed"] + s["failed"] == s["requests_arrived"]
     # Half the traffic goes to the flaky endpoint, a fifth of which fails: about 10%.
@@ -104,10 +106,7 @@ def test_faults_in_simulation() -> None:
 
 def test_hung_endpoint_does_not_stall_the_simulation() -> None:
     text = "models:\n  m:\n    endpoints:\n      - {kind: sim, options: {faults: {hang_after_requests: 5}}}\n"
-    workload = load_workload(
-        "w",
-        text="name: w\nduration_s: 10\nstreams:\n  - {arrival: {rate: 2}, input_tokens: 8, output_tokens: 4}\n",
-    )
+    workload = _workload(rate=2, input_tokens=8, output_tokens=4, duration=10)
     result = simulate(load_deployment(None, load_plugins(), text=text), load_plugins(), workload, drain_s=30)
     s = result.summary()
     assert s["requests_completed"] == 5
