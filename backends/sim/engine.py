@@ -316,17 +316,26 @@ class EngineCore:
         items = batch.items
         preempted = False
         running = self.running
+        chunked = cfg.chunked_prefill
+        decode_seqs = decode_kv = prefill_tokens = 0
+        prefill_attn = 0.0
+        # Hot loop (once per running sequence per iteration): locals, no helper calls.
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            nc = seq.num_computed
             total = seq.prompt_len + seq.output_count
-            need = total - seq.num_computed
-            n = need if need <= budget else (budget if cfg.chunked_prefill else 0)
-            if n <= 0:
+            need = total - nc
+            if need <= budget:
+                n = need
+            elif chunked:
+                n = budget
+            else:
                 i += 1
                 continue
-            extra = (seq.num_computed + n + bs - 1) // bs - len(seq.blocks)
-            if extra > 0:
+            blocks = seq.blocks
+            if nc + n > len(blocks) * bs:
+                extra = (nc + n + bs - 1) // bs - len(blocks)
                 new = pool.allocate(extra)
                 while new is None:
                     victim = self._victim()
@@ -339,16 +348,20 @@ class EngineCore:
                     new = pool.allocate(extra)
                 if seq.status != RUNNING:
                     continue
-                seq.blocks.extend(new)  # type: ignore[arg-type]
+                blocks.extend(new)  # type: ignore[arg-type]
             items.append((seq, n))
             budget -= n
-            if need == 1 and seq.output_count > 0:
-                batch.decode_seqs += 1
-                batch.decode_kv_tokens += total
+            if need == 1 and seq.output_count:
+                decode_seqs += 1
+                decode_kv += total
             else:
-                batch.prefill_tokens += n
-                batch.prefill_attn += n * (seq.num_computed + n / 2)
+                prefill_tokens += n
+                prefill_attn += n * (nc + n / 2)
             i += 1
+        batch.decode_seqs = decode_seqs
+        batch.decode_kv_tokens = decode_kv
+        batch.prefill_tokens = prefill_tokens
+        batch.prefill_attn = prefill_attn
 
         # Waiting sequences join only if no one had to be preempted (as in vLLM).
         while not preempted and budget > 0 and len(running) < cfg.max_num_seqs:
@@ -394,21 +407,26 @@ class EngineCore:
         # Sequences that decoded in the same earlier iteration share one inter-token gap:
         # count them per distinct gap instead of one histogram update per token.
         gaps: dict[float, int] = {}
+        generated = 0
+        # Hot loop (once per scheduled sequence per iteration): locals, no helper calls.
         for seq, n in batch.items:
             if seq.status != RUNNING:
                 continue  # aborted or preempted meanwhile
-            seq.num_computed += n
-            if caching:
-                full = seq.num_computed // bs
-                if full > seq.num_hashed:
-                    self._extend_hashes(seq, full * bs)
-                    for b in range(seq.num_hashed, full):
-                        pool.register(seq.blocks[b], seq.hashes[b])
-                    seq.num_hashed = full
-            if seq.num_computed < seq.prompt_len + seq.output_count:
+            nc = seq.num_computed + n
+            seq.num_computed = nc
+            if caching and nc >= (seq.num_hashed + 1) * bs:
+                full = nc // bs
+                self._extend_hashes(seq, full * bs)
+                hashes, blocks = seq.hashes, seq.blocks
+                for b in range(seq.num_hashed, full):
+                    pool.register(blocks[b], hashes[b])
+                seq.num_hashed = full
+            oc = seq.output_count
+            if nc < seq.prompt_len + oc:
                 continue  # a prefill chunk that did not reach the end of the prompt
-            seq.output_count += 1
-            self.generated_tokens += 1
+            oc += 1
+            seq.output_count = oc
+            generated += 1
             if seq.first_token_at is None:
                 seq.first_token_at = now
                 self.prompt_tokens += seq.prompt_len
@@ -417,10 +435,11 @@ class EngineCore:
                 last = seq.last_token_at
                 gaps[last] = gaps.get(last, 0) + 1
             seq.last_token_at = now
-            if seq.output_count >= seq.max_output:
+            if oc >= seq.max_output:
                 self._finish(seq, now)
             elif seq.waiter is not None:
                 _wake(seq, finished=False)
+        self.generated_tokens += generated
         for last, count in gaps.items():
             self.itl.add(now - last, count)
 
