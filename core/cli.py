@@ -66,7 +66,13 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         gw_cfg = resolved.deployment.gateway
         host = host or gw_cfg.host
         port = gw_cfg.port if port is None else port
-        gateway = Gateway(resolved, plugins)
+        try:
+            gateway = Gateway(resolved, plugins)
+        except (ValueError, OSError) as exc:
+            # A backend that cannot be built from valid-looking options (e.g. an engine
+            # setting that only conflicts once the model's context length is known).
+            click.secho(f"{resolved.source}: cannot build the deployment: {exc}", fg="red", err=True)
+            ctx.exit(2)
 
         def ready(bound_host: str, bound_port: int) -> None:
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -131,6 +131,8 @@ def _pydantic_problems(
                 message += "; expected one of: " + ", ".join(allowed)
         elif err["type"] == "missing":
             message = "required field is missing"
+        elif err["type"] == "value_error":
+            message = message.removeprefix("Value error, ")  # our validators' own sentences
         elif (
             "input" in err
             and err["type"] not in ("value_error",)

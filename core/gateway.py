@@ -272,7 +272,7 @@ class Gateway:
             pool = self.routes.get(req.model)
             if pool is None:
                 raise model_not_found(req.model)
-            self._check_context(req, pool)
+            self.check_context(req, pool)
         except GatewayError as err:
             await send_error(send, err, request_id)
             if self._observers:
@@ -299,7 +299,8 @@ class Gateway:
             if self._observers:
                 self._notify(req, record, loop.time())
 
-    def _check_context(self, req: InferenceRequest, pool: Pool) -> None:
+    def check_context(self, req: InferenceRequest, pool: Pool) -> None:
+        """400 when the prompt plus ``max_tokens`` exceed the pool's context window."""
         limit = pool.max_model_len
         if limit is None:
             return

@@ -3,11 +3,14 @@ links alive."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -21,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 DOC_FILES = sorted(DOCS.glob("*.md"))
 INVALID_MARK = "# this file is invalid on purpose"
+TIMES = "\N{MULTIPLICATION SIGN}"
 
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -81,6 +85,8 @@ def test_docs_exist() -> None:
         "plugins.md",
         "backends.md",
         "design-choices.md",
+        "simulator.md",
+        "workloads.md",
     ):
         assert required in names
 
@@ -174,3 +180,128 @@ def test_relative_links_point_to_existing_files() -> None:
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{path.name}: {target} (no such heading)")
     assert not broken, f"broken relative links: {broken}"
+
+
+# --------------------------------------------------------------------------- the simulator pages
+
+
+def _workload_blocks() -> list[tuple[str, str]]:
+    """(id, yaml text) for every yaml block with a top-level ``streams:`` key."""
+    return [
+        (f"{path.name}#{i}", text)
+        for path in DOC_FILES
+        for i, (lang, text) in enumerate(_blocks(path))
+        if lang == "yaml" and re.search(r"^streams:", text, re.MULTILINE)
+    ]
+
+
+def test_there_are_workload_examples() -> None:
+    assert len(_workload_blocks()) >= 5
+
+
+@pytest.mark.parametrize(("where", "text"), [pytest.param(*b, id=b[0]) for b in _workload_blocks()])
+def test_workload_examples_load(where: str, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shuniu.backends.sim.workload import load_workload
+
+    # Trace paths in the docs are relative to the shipped examples.
+    monkeypatch.chdir(ROOT / "examples" / "workloads")
+    workload = load_workload(where, text=text, env={})
+    first = next(workload.requests(seed=0, duration=60.0, prompts=False), None)
+    assert first is not None, f"{where} yields no request in a minute"
+
+
+def test_trace_lines_in_the_docs_decode() -> None:
+    from shuniu.backends.sim.workload import TraceLine
+
+    lines = [
+        line
+        for path in DOC_FILES
+        for lang, text in _blocks(path)
+        if lang == "jsonl"
+        for line in text.splitlines()
+        if line.strip()
+    ]
+    assert lines
+    arrivals = [msgspec.json.decode(line, type=TraceLine).arrival for line in lines]
+    assert arrivals == sorted(arrivals)
+
+
+def test_every_example_workload_is_described() -> None:
+    text = (DOCS / "workloads.md").read_text("utf-8")
+    examples = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))
+    missing = [p.name for p in examples if f"(../examples/workloads/{p.name})" not in text]
+    assert not missing, f"example workloads not linked from docs/workloads.md: {missing}"
+
+
+def _table_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells (backticks removed) of every Markdown table row whose first cell matches
+    ``first_cell``, a regular expression."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+        if re.fullmatch(first_cell, cells[0]):
+            rows.append(cells)
+    return rows
+
+
+def _plain_number(cell: str) -> str:
+    return cell.replace(",", "")
+
+
+@pytest.fixture
+def _shipped_profiles_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shuniu.backends.sim.profiles import ENV_PROFILE_PATH
+
+    monkeypatch.delenv(ENV_PROFILE_PATH, raising=False)
+
+
+@pytest.mark.usefixtures("_shipped_profiles_only")
+def test_profile_tables_match_the_shipped_profiles() -> None:
+    from shuniu.backends.sim.profiles import (
+        kv_bytes_per_token,
+        list_hardware,
+        list_models,
+        load_hardware,
+        load_model,
+    )
+
+    text = (DOCS / "simulator.md").read_text("utf-8")
+    hardware = _table_rows(text, "|".join(map(re.escape, list_hardware())))
+    assert sorted(row[0] for row in hardware) == list_hardware()
+    for name, _part, memory, bandwidth, bf16, fp8, _link, efficiency, overhead in hardware:
+        hw = load_hardware(name)
+        peak_fp8 = hw.peak_tflops.fp8
+        assert float(memory) == hw.memory_gib, name
+        assert float(_plain_number(bandwidth)) == hw.memory_bandwidth_gb_s, name
+        assert float(bf16) == hw.peak_tflops.bf16, name
+        assert fp8 == ("none" if peak_fp8 is None else f"{peak_fp8:g}"), name
+        assert efficiency == f"{hw.compute_efficiency:g} / {hw.bandwidth_efficiency:g}", name
+        assert float(overhead) == hw.iteration_overhead_ms, name
+    models = _table_rows(text, "|".join(map(re.escape, list_models())))
+    assert sorted(row[0] for row in models) == list_models()
+    for name, _desc, _params, *architecture, kv, _weights in models:
+        m = load_model(name)
+        expected = [
+            str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads} / {m.num_kv_heads}",
+            str(m.head_dim), str(m.intermediate_size), str(m.vocab_size), str(m.max_position),
+        ]  # fmt: skip
+        assert [_plain_number(c) for c in architecture] == expected, name
+        assert _plain_number(kv.split()[0]) == str(kv_bytes_per_token(m)), name
+
+
+@pytest.mark.usefixtures("_shipped_profiles_only")
+def test_sanity_numbers_are_what_the_snippet_prints() -> None:
+    path = DOCS / "simulator.md"
+    snippets = [t for lang, t in _blocks(path) if lang == "python" and "CostModel(" in t]
+    assert len(snippets) == 1
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippets[0], str(path), "exec"), {})
+    printed = []
+    for line in out.getvalue().splitlines():
+        tp, hardware, model, *numbers = line.split()
+        printed.append([f"{tp.removesuffix('x')} {TIMES} {hardware}", model, *numbers])
+    shown = _table_rows(path.read_text("utf-8"), rf"\d+ {TIMES} [\w.-]+")
+    assert shown == printed, "the sanity-numbers table differs from what its snippet prints"

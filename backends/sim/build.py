@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shuniu.backends.sim.engine import CostFunction, EngineConfig, EngineCore, SimEngine
 from shuniu.backends.sim.options import SimOptions
@@ -29,28 +30,50 @@ def _ids():  # type: ignore[no-untyped-def]
     return synthetic_ids
 
 
+def resolve_profiles(options: SimOptions) -> tuple[Any, Any, int]:
+    """The model and hardware profiles the options name, and the KV-cache size in tokens;
+    ``ValueError`` with a plain message when they are unknown or the model does not fit."""
+    from shuniu.backends.sim.costmodel import CostModel
+    from shuniu.backends.sim.profiles import (
+        default_overhead_bytes,
+        kv_cache_tokens,
+        load_hardware,
+        load_model,
+    )
+    from shuniu.core.errors import ConfigError
+
+    assert options.hardware is not None and options.model is not None
+    try:
+        hw = load_hardware(options.hardware)
+        model = load_model(
+            options.model, weight_precision=options.weight_precision, kv_precision=options.kv_precision
+        )
+    except ConfigError as exc:
+        raise ValueError("; ".join(str(p) for p in exc.problems)) from None
+    tp = options.tensor_parallel_size
+    CostModel(model, hw, tp)  # raises ValueError for a tensor-parallel size the model cannot use
+    overhead = default_overhead_bytes(model, tp, options.max_num_batched_tokens, options.max_num_seqs)
+    kv_tokens = options.kv_cache_tokens or kv_cache_tokens(
+        model, hw, tp=tp, gpu_memory_utilization=options.gpu_memory_utilization, overhead_bytes=overhead
+    )
+    if kv_tokens < options.block_size:
+        raise ValueError(
+            f"{model.name} does not fit on {tp} x {hw.name} with room for a KV cache "
+            "(use a larger tensor_parallel_size or a smaller weight precision)"
+        )
+    return model, hw, kv_tokens
+
+
 def build_engine(options: SimOptions, max_model_len: int | None = None) -> EngineSetup:
     """An engine as the options describe it; ``max_model_len`` is the deployment's value,
     used when the options give none."""
     cost: CostFunction
     if options.hardware is not None and options.model is not None:
         from shuniu.backends.sim.costmodel import CostModel
-        from shuniu.backends.sim.profiles import kv_cache_tokens, load_hardware, load_model
 
-        hw = load_hardware(options.hardware)
-        model = load_model(
-            options.model, weight_precision=options.weight_precision, kv_precision=options.kv_precision
-        )
+        model, hw, kv_tokens = resolve_profiles(options)
         tp = options.tensor_parallel_size
         cost = CostModel(model, hw, tp)
-        kv_tokens = options.kv_cache_tokens or kv_cache_tokens(
-            model, hw, tp=tp, gpu_memory_utilization=options.gpu_memory_utilization
-        )
-        if kv_tokens < options.block_size:
-            raise ValueError(
-                f"{model.name} does not fit on {tp} x {hw.name} with room for a KV cache "
-                f"(try a larger tensor_parallel_size or a smaller weight precision)"
-            )
         limit = options.max_model_len or max_model_len or model.max_position
         delay = (options.ttft_ms or 0.0) / 1000
         description = f"{model.name} on {tp}x {hw.name}"
@@ -60,6 +83,12 @@ def build_engine(options: SimOptions, max_model_len: int | None = None) -> Engin
         limit = options.max_model_len or max_model_len or DEFAULT_MAX_MODEL_LEN
         delay = (30.0 if options.ttft_ms is None else options.ttft_ms) / 1000
         description = f"fixed-rate, {options.tokens_per_s:g} tokens/s per request"
+    if not options.enable_chunked_prefill and options.max_num_batched_tokens < limit:
+        # vLLM refuses this too: a prompt longer than one iteration's budget could never start.
+        raise ValueError(
+            f"without chunked prefill, max_num_batched_tokens ({options.max_num_batched_tokens}) "
+            f"must be at least max_model_len ({limit})"
+        )
     config = EngineConfig(
         num_blocks=max(kv_tokens // options.block_size, 1),
         block_size=options.block_size,

@@ -96,6 +96,9 @@ def simulate_command(
         except ConfigError as exc:
             _report(exc)
             ctx.exit(2)
+        except ValueError as exc:
+            click.secho(f"{deployment}: cannot build the deployment: {exc}", fg="red", err=True)
+            ctx.exit(2)
     summary = result.summary()
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -24,7 +24,7 @@ class SimOptions(Options):
     weight_precision: str | None = None
     """Override the model profile's weight precision (``bf16``, ``fp8``, ``int8``, ``int4-awq``, ...)."""
     kv_precision: str | None = None
-    """Override the KV-cache precision (``bf16`` or ``fp8``)."""
+    """Override the KV-cache precision (``bf16``, ``fp16``, ``fp8`` or ``fp32``)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of device memory the engine may use (vLLM's knob of the same name)."""
     ttft_ms: float | None = Field(None, ge=0)
@@ -65,4 +65,8 @@ class SimOptions(Options):
             raise ValueError("output_tokens_min must not exceed output_tokens_max")
         if (self.hardware is None) != (self.model is None):
             raise ValueError("give both `hardware` and `model` profiles, or neither")
+        if self.hardware is not None:
+            from shuniu.backends.sim.build import resolve_profiles
+
+            resolve_profiles(self)  # unknown profile, bad TP size, or no room: a config error here
         return self

@@ -19,7 +19,8 @@ def register_backends(register) -> None:  # type: ignore[no-untyped-def]
         "sim",
         _factory,
         options=SimOptions,
-        description="Built-in simulated engine (no GPU): deterministic text at a set token rate.",
+        description="Built-in engine simulator (no GPU): continuous batching, paged KV and prefix "
+        "cache, timing from hardware and model profiles or a fixed rate.",
     )
 
 

@@ -139,6 +139,7 @@ async def _run(
             principal=Principal(tenant=spec.tenant, tier=spec.tier),
         )
         try:
+            gateway.check_context(req, pool)
             ticket = await pool.scheduler.admit(req, pool)
         except GatewayError as err:
             result.rejected += 1
