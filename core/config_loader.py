@@ -27,6 +27,7 @@ __all__ = [
     "expand_endpoints",
     "interpolate_env",
     "load_deployment",
+    "parse_yaml",
     "quickstart_text",
 ]
 
@@ -84,6 +85,22 @@ def _line_for(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | 
             return lines[loc]
         loc = loc[:-1]
     return lines.get(())
+
+
+def parse_yaml(
+    text: str, source: str, error: type[ConfigError] = ConfigError
+) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    """The data in ``text`` and a map from each path in it to its 1-based line; invalid YAML
+    raises ``error`` with the line the parser stopped at."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise error([Problem("", f"not valid YAML: {problem}", line)], source) from None
+    return data, _line_map(root)
 
 
 def interpolate_env(
@@ -226,20 +243,12 @@ def load_deployment(
                 raise ConfigError([Problem("", f"cannot read file: {exc.strerror}")], name) from None
     else:
         name = str(source) if source is not None else "<text>"
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([Problem("", f"not valid YAML: {problem}", line)], name) from None
+    data, lines = parse_yaml(text, name)
     if not isinstance(data, dict):
         raise ConfigError(
             [Problem("", "the file must be a YAML mapping with at least a `models:` section", 1)],
             name,
         )
-    lines = _line_map(root)
     env_problems: list[Problem] = []
     data = interpolate_env(data, env_problems, env)
     path_lines = {_path(loc): line for loc, line in lines.items()}

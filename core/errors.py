@@ -138,12 +138,18 @@ class Problem(msgspec.Struct, frozen=True):
 
 
 class ConfigError(Exception):
-    """A deployment file (or plugin set-up) that cannot be used, with every problem found."""
+    """A deployment file (or plugin set-up) that cannot be used, with every problem found.
+
+    Subclasses for other kinds of input (workloads, profiles) only change :attr:`what`.
+    """
+
+    what = "deployment"
+    """What kind of input the problems are in, for the message."""
 
     def __init__(self, problems: list[Problem], source: str | None = None) -> None:
         self.problems = problems
         self.source = source
         head = f"{source}: " if source else ""
         lines = "\n".join(f"  - {p}" for p in problems)
-        what = "plugin set-up" if source == "plugins" else "deployment"
+        what = "plugin set-up" if source == "plugins" else self.what
         super().__init__(f"{head}{len(problems)} problem(s) in the {what}:\n{lines}")

@@ -44,10 +44,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from shuniu.core.config_loader import _line_map, _pydantic_problems
+from shuniu.core.config_loader import _pydantic_problems, parse_yaml
 from shuniu.core.errors import ConfigError, Problem
 
 __all__ = [
@@ -107,11 +106,7 @@ FIXED_OVERHEAD_PER_DEVICE = 1 * GIB
 class ProfileError(ConfigError):
     """A hardware or model profile that cannot be loaded, with every problem found."""
 
-    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
-        super().__init__(problems, source)
-        head = f"{source}: " if source else ""
-        lines = "\n".join(f"  - {p}" for p in problems)
-        self.args = (f"{head}{len(problems)} problem(s) in the profile:\n{lines}",)
+    what = "profile"
 
 
 class _Strict(BaseModel):
@@ -549,15 +544,7 @@ def _is_path(name: str) -> bool:
 
 
 def _parse(text: str, source: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ProfileError([Problem("", f"not valid YAML: {problem}", line)], source) from None
-    return data, _line_map(root)
+    return parse_yaml(text, source, ProfileError)
 
 
 def _read(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:

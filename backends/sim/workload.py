@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import yaml
 from pydantic import (
     AfterValidator,
     BeforeValidator,
@@ -52,7 +51,7 @@ from pydantic import (
 
 from shuniu.backends.sim.synthetic import synthetic_ids
 from shuniu.core.config import Options
-from shuniu.core.config_loader import _line_for, _line_map, _path, interpolate_env
+from shuniu.core.config_loader import _line_for, _path, interpolate_env, parse_yaml
 from shuniu.core.errors import ConfigError, Problem
 
 __all__ = [
@@ -126,11 +125,7 @@ class SimRequest(msgspec.Struct, gc=False):
 class WorkloadError(ConfigError):
     """A workload file that cannot be used, with every problem found."""
 
-    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
-        super().__init__(problems, source)
-        head = f"{source}: " if source else ""
-        lines = "\n".join(f"  - {p}" for p in problems)
-        self.args = (f"{head}{len(problems)} problem(s) in the workload:\n{lines}",)
+    what = "workload"
 
 
 class _At(ValueError):
@@ -1229,17 +1224,9 @@ def load_workload(
         base_dir = Path(source).parent
     else:
         name = str(source)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise WorkloadError([Problem("", f"not valid YAML: {problem}", line)], name) from None
+    data, lines = parse_yaml(text, name, WorkloadError)
     if not isinstance(data, dict):
         raise WorkloadError([Problem("", "the file must be a YAML mapping with a `streams:` list", 1)], name)
-    lines = _line_map(root)
     env_problems: list[Problem] = []
     data = interpolate_env(data, env_problems, env)
     path_lines = {_path(loc): line for loc, line in lines.items()}
