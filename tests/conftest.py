@@ -60,13 +60,21 @@ def start_gateway(
         path = tmp_path / "deployment.yaml"
         path.write_text(textwrap.dedent(config))
         cmd.insert(4, str(path))
+    return start_process(cmd, cwd=tmp_path, env=env, timeout=timeout)
+
+
+def start_process(
+    cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 30
+) -> GatewayProcess:
+    """Start a server command that prints shuniu's "serving ... on http://HOST:PORT" banner,
+    and wait for that line."""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **(env or {})},
-        cwd=tmp_path,
+        cwd=cwd,
     )
     output: list[str] = []
     deadline = time.monotonic() + timeout
@@ -82,7 +90,7 @@ def start_gateway(
             _drain_output(proc, output)
             return gw
     proc.kill()
-    raise RuntimeError("gateway did not start:\n" + "".join(output))
+    raise RuntimeError(f"{' '.join(cmd[:5])} did not start:\n" + "".join(output))
 
 
 def _drain_output(proc: subprocess.Popen[str], output: list[str]) -> None:

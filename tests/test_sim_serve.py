@@ -7,13 +7,10 @@ checked line for line against what ``prometheus_client`` itself writes for the s
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +27,7 @@ from shuniu.backends.sim.metrics import (
     TTFT_BUCKETS,
     render_metrics,
 )
-from tests.conftest import GatewayProcess, _drain_output, wait_until
+from tests.conftest import GatewayProcess, start_process, wait_until
 
 prometheus_client = pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
@@ -57,51 +54,13 @@ HISTOGRAMS = {
 # -- running the server -------------------------------------------------------------------
 
 
-@functools.cache
-def _cli_has_sim_serve() -> bool:
-    """Whether ``shuniu sim serve`` is registered on the CLI (through the sim plugin)."""
-    from shuniu.core.cli import build_cli
-
-    group = build_cli().commands.get("sim")
-    return group is not None and "serve" in getattr(group, "commands", {})
-
-
 def sim_serve_command(*args: str) -> list[str]:
-    """The command line of ``shuniu sim serve ARGS``: through the CLI where the plugin
-    registers it, else by calling the click group directly."""
-    if _cli_has_sim_serve():
-        return [sys.executable, "-m", "shuniu.core", "sim", "serve", *args]
-    return [
-        sys.executable,
-        "-c",
-        "from shuniu.backends.sim.serve import sim_group; sim_group(prog_name='shuniu sim')",
-        "serve",
-        *args,
-    ]
+    return [sys.executable, "-m", "shuniu.core", "sim", "serve", *args]
 
 
 def start_sim_server(*args: str, timeout: float = 30) -> GatewayProcess:
-    proc = subprocess.Popen(
-        sim_serve_command("--port", "0", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ),
-    )
-    output: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        m = _LISTEN.search(line)
-        if m:
-            _drain_output(proc, output)
-            return GatewayProcess(proc, m.group(1), int(m.group(2)), output)
-    proc.kill()
-    raise RuntimeError("sim serve did not start:\n" + "".join(output))
+    """``shuniu sim serve ARGS`` on a free port."""
+    return start_process(sim_serve_command("--port", "0", *args), timeout=timeout)
 
 
 @pytest.fixture(scope="module")
