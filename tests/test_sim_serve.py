@@ -33,7 +33,6 @@ prometheus_client = pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-_LISTEN = re.compile(r"serving .* on http://(\S+):(\d+)")
 MODEL = "sim-test"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 COUNTERS = (
