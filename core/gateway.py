@@ -218,6 +218,9 @@ class Gateway:
         results = await asyncio.gather(
             *(e.backend.stop() for p in self.pools.values() for e in p.endpoints), return_exceptions=True
         )
+        # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
+        # builds and stops many in one process).
+        gc.unfreeze()
         for r in results:
             if isinstance(r, BaseException):
                 log.warning("a backend failed to stop cleanly: %r", r)

@@ -27,7 +27,9 @@ def register_backends(register) -> None:  # type: ignore[no-untyped-def]
 @hookimpl
 def register_commands(cli) -> None:  # type: ignore[no-untyped-def]
     from shuniu.backends.sim.commands import simulate_command
+    from shuniu.backends.sim.plan import plan_command
     from shuniu.backends.sim.serve import sim_group
 
     cli.add_command(simulate_command)
+    cli.add_command(plan_command)
     cli.add_command(sim_group)
