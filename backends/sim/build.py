@@ -22,14 +22,6 @@ class EngineSetup:
     description: str
 
 
-def _ids():  # type: ignore[no-untyped-def]
-    try:
-        from shuniu.backends.sim.synthetic import synthetic_ids
-    except ImportError:  # pragma: no cover - until the workload module lands
-        return None
-    return synthetic_ids
-
-
 def resolve_profiles(options: SimOptions) -> tuple[Any, Any, int]:
     """The model and hardware profiles the options name, and the KV-cache size in tokens;
     ``ValueError`` with a plain message when they are unknown or the model does not fit."""
@@ -98,5 +90,5 @@ def build_engine(options: SimOptions, max_model_len: int | None = None) -> Engin
         prefix_caching=options.enable_prefix_caching,
         priority=options.scheduling_policy == "priority",
     )
-    engine = SimEngine(EngineCore(config, _ids()), cost, admission_delay=delay)
+    engine = SimEngine(EngineCore(config), cost, admission_delay=delay)
     return EngineSetup(engine, limit, description)

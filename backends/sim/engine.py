@@ -23,6 +23,7 @@ from typing import Protocol
 
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
+from shuniu.backends.sim.synthetic import synthetic_ids
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["CostFunction", "EngineConfig", "EngineCore", "Seq", "SimEngine"]
@@ -146,20 +147,15 @@ class Batch:
         self.decode_kv_tokens = 0
 
 
-def _default_ids(seed: int, n: int, start: int = 0) -> list[int]:
-    import random
-
-    rng = random.Random(seed)
-    return [rng.randrange(32000) for _ in range(start + n)][start:]
-
-
 class EngineCore:
     """Scheduling and KV bookkeeping for one engine replica."""
 
     def __init__(self, config: EngineConfig, ids: Callable[[int, int, int], list[int]] | None = None) -> None:
+        """``ids(seed, n, start)`` gives generated token ids; by default the workloads' own
+        stream, so a later turn's history (built from the same ids) hits the prefix cache."""
         self.config = config
         self.pool = BlockPool(config.num_blocks, config.prefix_caching)
-        self._ids = ids or _default_ids
+        self._ids = ids or synthetic_ids
         self.running: list[Seq] = []
         self._fifo: deque[Seq] = deque()
         self._heap: list[tuple[int, float, int, Seq]] = []
