@@ -36,6 +36,16 @@ class GatewayProcess:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
+    def output_containing(self, *parts: str, timeout: float = 10.0) -> str:
+        """The output so far, once it contains every one of ``parts`` (the process is
+        returned after its first banner line; later lines arrive through a reader thread)."""
+
+        def ready() -> str | None:
+            text = "".join(self.output)
+            return text if all(p in text for p in parts) else None
+
+        return wait_until(ready, timeout=timeout)  # type: ignore[no-any-return]
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

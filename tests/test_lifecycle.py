@@ -135,7 +135,7 @@ def test_sigterm_drains_in_flight_streams(gateway_factory) -> None:  # type: ign
 
 def test_serve_banner_and_open_gateway_warning(gateway_factory) -> None:  # type: ignore[no-untyped-def]
     local = gateway_factory(None)  # the built-in quickstart
-    banner = "".join(local.output)
+    banner = local.output_containing("curl")
     assert "serving built-in quickstart on http://127.0.0.1:" in banner
     assert "curl http://127.0.0.1:" in banner and '"model": "quickstart"' in banner
     assert "WARNING" not in banner
