@@ -162,3 +162,22 @@ def test_cli_json(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_plot_over_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved = _deployment("{ttft_ms: 10, tokens_per_s: 50, prefill_tokens_per_s: 0}")
+    result = simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=60)
+    # Every completed request lands in one arrival window.
+    assert sum(w[0].count for w in result.timeline.values()) == result.requests_completed
+    assert max(result.timeline) * result.window_s < 60
+    from shuniu.backends.sim.simulate import plot_timeline
+
+    out = tmp_path / "latency.png"
+    plot_timeline(result, str(out), "light")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+    from shuniu.core.extras import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+    with pytest.raises(MissingExtraError, match=r"shuniu\[plot\]"):
+        plot_timeline(result, str(tmp_path / "no.png"))

@@ -40,6 +40,13 @@ def _ms(seconds: float) -> str:
 @click.option("--rate-scale", type=float, default=1.0, show_default=True, help="Multiply every arrival rate.")
 @click.option("--model", default=None, help="Model of the deployment to send to (default: its first).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a PNG of TTFT and ITL over time (needs shuniu[plot]).",
+)
 @click.pass_context
 def simulate_command(
     ctx: click.Context,
@@ -50,6 +57,7 @@ def simulate_command(
     rate_scale: float,
     model: str | None,
     as_json: bool,
+    plot_path: Path | None,
 ) -> None:
     """Run a WORKLOAD against a DEPLOYMENT of simulated engines, in virtual time.
 
@@ -100,6 +108,15 @@ def simulate_command(
             click.secho(f"{deployment}: cannot build the deployment: {exc}", fg="red", err=True)
             ctx.exit(2)
     summary = result.summary()
+    if plot_path is not None:
+        from shuniu.backends.sim.simulate import plot_timeline
+        from shuniu.core.extras import MissingExtraError
+
+        try:
+            plot_timeline(result, str(plot_path), f"{deployment.name} + {workload_path.name}")
+        except MissingExtraError as exc:
+            click.secho(str(exc), fg="red", err=True)
+            ctx.exit(2)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return

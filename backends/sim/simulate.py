@@ -25,7 +25,7 @@ from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import Pool
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 
-__all__ = ["SimulationResult", "simulate"]
+__all__ = ["SimulationResult", "plot_timeline", "simulate"]
 
 
 @dataclass
@@ -54,6 +54,18 @@ class SimulationResult:
     e2e: LogHistogram = field(default_factory=LogHistogram)
     queue: LogHistogram = field(default_factory=LogHistogram)
     per_endpoint: dict[str, dict[str, Any]] = field(default_factory=dict)
+    window_s: float = 10.0
+    """Width of the time windows of :attr:`timeline`."""
+    timeline: dict[int, tuple[LogHistogram, LogHistogram]] = field(default_factory=dict)
+    """Window index (by arrival time) → (TTFT, per-request mean ITL) histograms, for plots."""
+
+    def record_window(self, arrival: float, ttft: float, itl: float | None) -> None:
+        window = self.timeline.get(int(arrival // self.window_s))
+        if window is None:
+            window = self.timeline[int(arrival // self.window_s)] = (LogHistogram(), LogHistogram())
+        window[0].add(ttft)
+        if itl is not None:
+            window[1].add(itl)
 
     def summary(self) -> dict[str, Any]:
         """The figures ``--json`` prints."""
@@ -177,11 +189,11 @@ async def _run(
         result.ttft.add(ttft)
         result.e2e.add(end - now)
         result.requests_completed += 1
-        if slo is not None:
-            # A request's inter-token latency is its mean gap (time per output token).
-            tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
-            if slo.meets(ttft, itl=tpot, e2e=end - now):
-                result.met_slo += 1
+        # A request's inter-token latency is its mean gap (time per output token).
+        tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
+        result.record_window(now, ttft, tpot)
+        if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
+            result.met_slo += 1
 
     n = 0
     for spec in requests:
@@ -242,7 +254,8 @@ def simulate(
 
     _check_sim_only(resolved)
     default_model = model or next(iter(resolved.deployment.models))
-    result = SimulationResult(slo=_slo_of(workload))
+    horizon = duration or getattr(workload, "duration_s", 600.0)
+    result = SimulationResult(slo=_slo_of(workload), window_s=max(horizon / 120, 1.0))
     started = time.perf_counter()
 
     async def main() -> None:
@@ -265,3 +278,42 @@ def simulate(
     run_virtual(main())
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def plot_timeline(result: SimulationResult, path: str, title: str = "") -> None:
+    """A PNG of TTFT p50/p99 and ITL p50/p99 over time (needs ``shuniu[plot]``)."""
+    from shuniu.core.extras import require
+
+    require("matplotlib", "plot", "The simulation plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows = sorted(result.timeline)
+    t = [(w + 0.5) * result.window_s for w in windows]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    for q, style in ((0.5, "-"), (0.99, "--")):
+        top.plot(
+            t,
+            [result.timeline[w][0].quantile(q) * 1000 for w in windows],
+            style,
+            label=f"TTFT p{round(q * 100)}",
+        )
+        bottom.plot(
+            t,
+            [result.timeline[w][1].quantile(q) * 1000 for w in windows],
+            style,
+            label=f"ITL p{round(q * 100)}",
+        )
+    top.set_ylabel("TTFT (ms)")
+    bottom.set_ylabel("mean ITL per request (ms)")
+    bottom.set_xlabel("arrival time (simulated s)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    if title:
+        top.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
