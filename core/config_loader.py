@@ -104,14 +104,19 @@ def parse_yaml(
 
 
 def interpolate_env(
-    data: Any, problems: list[Problem], env: dict[str, str] | None = None, loc: tuple[Any, ...] = ()
+    data: Any,
+    problems: list[Problem],
+    env: dict[str, str] | None = None,
+    loc: tuple[Any, ...] = (),
+    lines: dict[tuple[Any, ...], int] | None = None,
 ) -> Any:
-    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string value; ``$$`` is a ``$``."""
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string value; ``$$`` is a ``$``.
+    An unset variable without a default is a problem (with its line, given ``lines``)."""
     environ = os.environ if env is None else env
     if isinstance(data, dict):
-        return {k: interpolate_env(v, problems, environ, (*loc, k)) for k, v in data.items()}
+        return {k: interpolate_env(v, problems, environ, (*loc, k), lines) for k, v in data.items()}
     if isinstance(data, list):
-        return [interpolate_env(v, problems, environ, (*loc, i)) for i, v in enumerate(data)]
+        return [interpolate_env(v, problems, environ, (*loc, i), lines) for i, v in enumerate(data)]
     if isinstance(data, str) and "$" in data:
 
         def sub(m: re.Match[str]) -> str:
@@ -126,6 +131,7 @@ def interpolate_env(
                 Problem(
                     _path(loc),
                     f"environment variable {name} is not set (write ${{{name}:-default}} to give a default)",
+                    _line_for(lines, loc) if lines is not None else None,
                 )
             )
             return ""
@@ -249,10 +255,9 @@ def load_deployment(
             [Problem("", "the file must be a YAML mapping with at least a `models:` section", 1)],
             name,
         )
-    env_problems: list[Problem] = []
-    data = interpolate_env(data, env_problems, env)
-    path_lines = {_path(loc): line for loc, line in lines.items()}
-    problems = [Problem(p.path, p.message, path_lines.get(p.path)) for p in env_problems]
+    problems: list[Problem] = []
+    data = interpolate_env(data, problems, env, lines=lines)
+    env_problems = list(problems)
     try:
         deployment: Deployment | None = Deployment.model_validate(data)
     except ValidationError as exc:

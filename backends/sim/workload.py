@@ -1227,10 +1227,8 @@ def load_workload(
     data, lines = parse_yaml(text, name, WorkloadError)
     if not isinstance(data, dict):
         raise WorkloadError([Problem("", "the file must be a YAML mapping with a `streams:` list", 1)], name)
-    env_problems: list[Problem] = []
-    data = interpolate_env(data, env_problems, env)
-    path_lines = {_path(loc): line for loc, line in lines.items()}
-    problems = [Problem(p.path, p.message, path_lines.get(p.path)) for p in env_problems]
+    problems: list[Problem] = []
+    data = interpolate_env(data, problems, env, lines=lines)
     try:
         workload: Workload | None = Workload.model_validate(data)
     except ValidationError as exc:
