@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,6 +22,22 @@ def _report(exc: ConfigError) -> None:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f}"
+
+
+def simulation_progress(console: Any, disable: bool) -> Any:
+    """A progress bar over simulated seconds; tasks carry ``label``, ``sim`` (simulated time
+    now) and ``n`` (requests so far) fields. Shared by ``simulate`` and ``plan``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.fields[label]}[/]"),
+        BarColumn(),
+        TextColumn("{task.fields[sim]:>8.1f} / {task.total:.0f} s simulated, {task.fields[n]:,} requests"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=disable,
+        transient=True,
+    )
 
 
 @click.command("simulate")
@@ -65,7 +82,6 @@ def simulate_command(
     one batch iteration at a time, so hours of traffic take seconds.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from shuniu.backends.sim.simulate import simulate
     from shuniu.backends.sim.workload import load_workload
@@ -83,16 +99,8 @@ def simulate_command(
         workload = workload.scaled(rate_scale)
     horizon = duration or workload.duration_s
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]simulating[/]"),
-        BarColumn(),
-        TextColumn("{task.fields[sim]:>8.1f} / {task.total:.0f} s simulated, {task.fields[n]:,} requests"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=as_json or not console.is_terminal,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("sim", total=horizon, sim=0.0, n=0)
+    with simulation_progress(console, disable=as_json or not console.is_terminal) as bar:
+        task = bar.add_task("sim", total=horizon, sim=0.0, n=0, label="simulating")
 
         def progress(now: float, n: int) -> None:
             bar.update(task, completed=min(now, horizon), sim=now, n=n)

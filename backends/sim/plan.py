@@ -1187,8 +1187,8 @@ def plan_command(
     bad input.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from shuniu.backends.sim.commands import simulation_progress
     from shuniu.core.plugin_manager import load_plugins
 
     plugins = ctx.find_object(PluginManager) or load_plugins()
@@ -1198,15 +1198,7 @@ def plan_command(
         _report_error(exc)
         ctx.exit(2)
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.fields[label]}[/]"),
-        BarColumn(),
-        TextColumn("{task.fields[sim]:>7.1f} / {task.total:.0f} s simulated, {task.fields[n]:,} requests"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=as_json or not console.is_terminal,
-        transient=True,
-    ) as bar:
+    with simulation_progress(console, disable=as_json or not console.is_terminal) as bar:
         reporter = None if as_json or not console.is_terminal else _Bar(bar)
         try:
             result = plan(
