@@ -7,7 +7,7 @@ Schema whose descriptions come from the field docstrings below.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,11 +15,15 @@ __all__ = [
     "BalancerConfig",
     "Deployment",
     "EndpointConfig",
+    "FilterConfig",
     "GatewayConfig",
     "HealthConfig",
+    "LoadConfig",
     "ModelConfig",
     "Options",
+    "RouteRule",
     "SchedulerConfig",
+    "ScorerConfig",
 ]
 
 
@@ -46,21 +50,70 @@ class GatewayConfig(_Strict):
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long."""
     server: str = Field("uvicorn", pattern="^(uvicorn)$")
     """HTTP server. Only ``uvicorn`` (uvloop + httptools) for now."""
+    identity_headers: bool = False
+    """Take the tenant and tier from the ``x-shuniu-tenant`` and ``x-shuniu-tier`` request
+    headers. Only for a gateway behind a proxy that authenticates clients and sets them;
+    anyone who can reach the gateway could otherwise claim any tier."""
+
+
+class FilterConfig(_Strict):
+    """One filter of a composed balancer."""
+
+    name: str
+    """A registered filter name (``shuniu plugins`` lists them)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that filter, validated by it."""
+
+
+class ScorerConfig(_Strict):
+    """One weighted scorer of a composed balancer."""
+
+    name: str
+    """A registered scorer name (``shuniu plugins`` lists them)."""
+    weight: float = Field(1.0, gt=0)
+    """Relative weight of this scorer's score (0..1 per endpoint) in the sum."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that scorer, validated by it."""
 
 
 class BalancerConfig(_Strict):
-    """Which balancer picks an endpoint for each request."""
+    """Which balancer picks an endpoint for each request: a named ``policy``, or a
+    composition of ``filters`` and weighted ``scorers`` (the endpoint with the highest
+    weighted sum wins)."""
 
-    policy: str = "round_robin"
-    """A registered balancer name (``shuniu plugins`` lists them)."""
+    policy: str | None = None
+    """A registered balancer name (``shuniu plugins`` lists them). Default ``round_robin``
+    when no ``scorers`` are given; not allowed together with them."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of that balancer, validated by it."""
+    filters: list[FilterConfig] = Field(default_factory=list)
+    """Filters applied in order to the endpoints that have a free slot; each narrows the
+    candidates (e.g. ``locality``). A filter that would leave none leaves them all."""
+    scorers: list[ScorerConfig] = Field(default_factory=list)
+    """Weighted scorers, e.g. ``[{name: prefix, weight: 0.6}, {name: load, weight: 0.4}]``."""
+
+    @model_validator(mode="after")
+    def _policy_or_parts(self) -> BalancerConfig:
+        if self.policy is not None and (self.scorers or self.filters):
+            raise ValueError("give either `policy` or `filters`/`scorers`, not both")
+        if self.filters and not self.scorers:
+            raise ValueError("`filters` need at least one scorer in `scorers` to choose among what is left")
+        if self.options and self.policy is None:
+            raise ValueError("`options` belong to a named `policy`; scorers and filters take their own")
+        return self
+
+    @property
+    def effective_policy(self) -> str | None:
+        """The named policy in force, or ``None`` for a composition."""
+        if self.scorers:
+            return None
+        return self.policy or "round_robin"
 
 
 class SchedulerConfig(_Strict):
     """Which scheduler owns the pool's queue."""
 
-    policy: str = "fifo"
+    policy: str = "priority"
     """A registered scheduler name (``shuniu plugins`` lists them)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of that scheduler, validated by it."""
@@ -77,6 +130,44 @@ class HealthConfig(_Strict):
     """Consecutive failed probes before an endpoint leaves balancing."""
     healthy_after: int = Field(1, ge=1)
     """Consecutive passed probes before it returns."""
+
+
+class LoadConfig(_Strict):
+    """How the gateway watches each endpoint's own load, and limits what it dispatches."""
+
+    interval_s: float = Field(0.5, gt=0)
+    """Seconds between load snapshots of each endpoint (``/metrics`` for vLLM)."""
+    stale_after_s: float = Field(2.0, gt=0)
+    """A snapshot older than this counts less and less, and not at all at twice this age;
+    balancers then rely on the gateway's own in-flight counts."""
+    adaptive_concurrency: bool = True
+    """Tighten an endpoint's concurrency limit while its engine reports a backlog (more than
+    ``max_engine_waiting`` waiting, or KV usage above ``max_kv_usage``), and widen it again
+    when the backlog clears, so requests queue in the gateway where priorities apply."""
+    max_engine_waiting: int = Field(2, ge=0)
+    """Requests the engine may hold waiting before the limit tightens."""
+    max_kv_usage: float = Field(0.95, gt=0, le=1)
+    """KV-cache usage above which the limit tightens (preemption is close)."""
+    min_concurrency: int = Field(1, ge=1)
+    """The adaptive limit never goes below this."""
+    max_adaptive_concurrency: int = Field(1024, ge=1)
+    """Ceiling of the adaptive limit for endpoints without ``max_concurrency``."""
+
+
+class RouteRule(_Strict):
+    """Send matching requests for this model to another model's pool. All given conditions
+    must hold; rules are tried in order and the first match wins."""
+
+    to: str
+    """The model (pool) that serves matching requests."""
+    api: list[Literal["chat", "completions"]] | None = None
+    """Request kinds that match (``chat``, ``completions``)."""
+    tiers: list[str] | None = None
+    """Tiers that match (the principal's tier)."""
+    min_prompt_tokens: int | None = Field(None, ge=0)
+    """Match prompts of at least this many (estimated) tokens."""
+    max_prompt_tokens: int | None = Field(None, ge=0)
+    """Match prompts of at most this many (estimated) tokens."""
 
 
 class EndpointConfig(_Strict):
@@ -96,6 +187,8 @@ class EndpointConfig(_Strict):
     max_concurrency: int = Field(0, ge=0)
     """Requests dispatched to this endpoint at once; 0 = no gateway-side limit. Above it
     requests wait in the gateway's queue, where the scheduler orders them."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Free-form labels for policies, e.g. ``{zone: us-east-1a}`` for the ``locality`` filter."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of the backend kind, validated by it."""
 
@@ -116,8 +209,33 @@ class ModelConfig(_Strict):
     """How requests wait for, and are given, endpoint slots."""
     health: HealthConfig = Field(default_factory=HealthConfig)
     """Background health checks of the endpoints."""
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    """Load snapshots of the endpoints and the adaptive concurrency limit."""
+    routes: list[RouteRule] = Field(default_factory=list)
+    """Rules that send some requests for this model to another model's pool (by kind,
+    prompt length or tier), tried before balancing."""
+    traffic: dict[str, float] = Field(default_factory=dict)
+    """Version label → weight: each request runs on one version, drawn by weight (a canary
+    split, e.g. ``{v1: 95, v2: 5}``). Empty: any version."""
+    version_header: str = "x-shuniu-version"
+    """A request with this header runs on the version it names (pinning)."""
     owned_by: str = "shuniu"
     """Shown in ``/v1/models``."""
+
+    @model_validator(mode="after")
+    def _traffic_versions(self) -> ModelConfig:
+        versions = {ep.version for ep in self.endpoints}
+        for version, weight in self.traffic.items():
+            if version not in versions:
+                raise ValueError(
+                    f"traffic names version {version!r}, which no endpoint has "
+                    f"(versions: {', '.join(sorted(versions))})"
+                )
+            if weight < 0:
+                raise ValueError(f"traffic weight of {version!r} must not be negative")
+        if self.traffic and not any(w > 0 for w in self.traffic.values()):
+            raise ValueError("traffic needs at least one version with a weight above 0")
+        return self
 
 
 class Deployment(_Strict):
@@ -146,4 +264,13 @@ class Deployment(_Strict):
                         f"model name or alias {alias!r} is used by both {seen[alias]!r} and {name!r}"
                     )
                 seen[alias] = name
+        for name, model in self.models.items():
+            for i, rule in enumerate(model.routes):
+                if rule.to not in self.models:
+                    raise ValueError(
+                        f"models.{name}.routes[{i}].to: no model named {rule.to!r} "
+                        f"(models: {', '.join(self.models)})"
+                    )
+                if rule.to == name:
+                    raise ValueError(f"models.{name}.routes[{i}].to: a model cannot route to itself")
         return self

@@ -45,6 +45,10 @@ class ResolvedDeployment:
     """(model, endpoint index) → validated backend options."""
     balancer_options: dict[str, Any] = field(default_factory=dict)
     scheduler_options: dict[str, Any] = field(default_factory=dict)
+    filter_options: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """(model, filter index) → validated filter options."""
+    scorer_options: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """(model, scorer index) → validated scorer options."""
 
 
 def quickstart_text() -> str:
@@ -265,14 +269,25 @@ def load_deployment(
         deployment = None
     # Plugin names and options are checked on the raw data, so a file with schema problems
     # still gets its plugin problems reported in the same run.
-    endpoint_options, balancer_options, scheduler_options = _check_plugins(data, plugins, lines, problems)
+    parts: dict[str, dict[tuple[str, int], Any]] = {"filters": {}, "scorers": {}}
+    endpoint_options, balancer_options, scheduler_options = _check_plugins(
+        data, plugins, lines, problems, parts
+    )
     if env_problems:
         # A field whose variable is unset was left empty; its follow-on error says nothing new.
         unset = {p.path for p in env_problems}
         problems = [p for i, p in enumerate(problems) if i < len(env_problems) or p.path not in unset]
     if deployment is None or problems:
         raise ConfigError(problems, name)
-    resolved = ResolvedDeployment(deployment, name, endpoint_options, balancer_options, scheduler_options)
+    resolved = ResolvedDeployment(
+        deployment,
+        name,
+        endpoint_options,
+        balancer_options,
+        scheduler_options,
+        parts["filters"],
+        parts["scorers"],
+    )
     seen: dict[str, tuple[Any, ...]] = {}
     for model_name, model in deployment.models.items():
         for i, _replica, ep_name in expand_endpoints(model_name, model.endpoints):
@@ -296,14 +311,15 @@ def _check_plugins(
     plugins: PluginManager,
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
+    parts: dict[str, dict[tuple[str, int], Any]],
 ) -> tuple[dict[tuple[str, int], Any], dict[str, Any], dict[str, Any]]:
-    """Look up every backend kind and policy name, and validate their options."""
+    """Look up every backend kind, policy, filter and scorer name, and validate their options."""
     endpoint_options: dict[tuple[str, int], Any] = {}
     policy_options: dict[str, dict[str, Any]] = {"balancer": {}, "scheduler": {}}
     models = data.get("models")
     if not isinstance(models, dict):
         return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
-    defaults = {"balancer": "round_robin", "scheduler": "fifo"}
+    defaults = {"balancer": "round_robin", "scheduler": "priority"}
     for model_name, model in models.items():
         if not isinstance(model, dict):
             continue
@@ -312,7 +328,11 @@ def _check_plugins(
             cfg = model.get(key) or {}
             if not isinstance(cfg, dict):
                 continue
-            policy = cfg.get("policy", defaults[key])
+            if key == "balancer":
+                _check_parts(model_name, cfg, plugins, lines, problems, parts)
+                if cfg.get("scorers") or cfg.get("filters"):
+                    continue
+            policy = cfg.get("policy") or defaults[key]
             if not isinstance(policy, str):
                 continue
             reg = plugins.registered(category).get(policy)  # type: ignore[arg-type]
@@ -351,6 +371,41 @@ def _check_plugins(
                     reg.options, options, (*loc, "options"), lines, problems
                 )
     return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+
+
+def _check_parts(
+    model_name: str,
+    cfg: dict[str, Any],
+    plugins: PluginManager,
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+    parts: dict[str, dict[tuple[str, int], Any]],
+) -> None:
+    """Validate a composed balancer's filter and scorer names and options."""
+    for category in ("filters", "scorers"):
+        entries = cfg.get(category)
+        if not isinstance(entries, list):
+            continue
+        registered = plugins.registered(category)  # type: ignore[arg-type]
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                continue  # the schema reports it
+            loc = ("models", model_name, "balancer", category, i)
+            reg = registered.get(entry["name"])
+            if reg is None:
+                problems.append(
+                    Problem(
+                        _path((*loc, "name")),
+                        _unknown(category, entry["name"], plugins),
+                        _line_for(lines, (*loc, "name")),
+                    )
+                )
+                continue
+            options = entry.get("options") or {}
+            if isinstance(options, dict):
+                parts[category][(model_name, i)] = _validate_options(
+                    reg.options, options, (*loc, "options"), lines, problems
+                )
 
 
 def expand_endpoints(model: str, endpoints: list[EndpointConfig]) -> list[tuple[int, int, str]]:

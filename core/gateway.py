@@ -20,6 +20,7 @@ import msgspec
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
+from shuniu.core.composite import Composite
 from shuniu.core.config_loader import ResolvedDeployment, expand_endpoints
 from shuniu.core.errors import (
     GatewayError,
@@ -31,10 +32,12 @@ from shuniu.core.errors import (
 )
 from shuniu.core.http import Receive, Scope, Send, new_request_id, read_body, send_error, send_json
 from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.load import adapt_limit, freshness
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
-from shuniu.core.types import Api, InferenceRequest, Outcome, RequestRecord
+from shuniu.core.routing import Router
+from shuniu.core.types import Api, InferenceRequest, Outcome, Principal, RequestRecord
 
 __all__ = ["Gateway"]
 
@@ -134,6 +137,8 @@ class Gateway:
         self._max_body = self.config.gateway.max_body_bytes
         self._created_models = int(time.time())
         self._build()
+        self.router = Router(self.config.models, self.pools)
+        self._identity_headers = self.config.gateway.identity_headers
         self.litestar = self._make_app()
         self.app = _Dispatch(self)
         """The ASGI application to serve."""
@@ -142,7 +147,6 @@ class Gateway:
 
     def _build(self) -> None:
         backends = self.plugins.registered("backends")
-        balancers = self.plugins.registered("balancers")
         schedulers = self.plugins.registered("schedulers")
         for model_name, model in self.config.models.items():
             endpoints: list[EndpointState] = []
@@ -163,11 +167,10 @@ class Gateway:
                         weight=ep_cfg.weight,
                         version=ep_cfg.version,
                         max_concurrency=ep_cfg.max_concurrency,
+                        labels=dict(ep_cfg.labels),
                     )
                 )
-            balancer = balancers[model.balancer.policy].factory(
-                self.resolved.balancer_options.get(model_name)
-            )
+            balancer = self._balancer(model_name, model)
             scheduler = schedulers[model.scheduler.policy].factory(
                 self.resolved.scheduler_options.get(model_name)
             )
@@ -175,6 +178,26 @@ class Gateway:
             self.pools[model_name] = pool
             for alias in [model_name, *model.aliases]:
                 self.routes[alias] = pool
+
+    def _balancer(self, model_name: str, model: Any) -> Any:
+        cfg = model.balancer
+        policy = cfg.effective_policy
+        if policy is not None:
+            return self.plugins.registered("balancers")[policy].factory(
+                self.resolved.balancer_options.get(model_name)
+            )
+        filters = self.plugins.registered("filters")
+        scorers = self.plugins.registered("scorers")
+        return Composite(
+            [
+                filters[f.name].factory(self.resolved.filter_options.get((model_name, i)))
+                for i, f in enumerate(cfg.filters)
+            ],
+            [
+                (scorers[sc.name].factory(self.resolved.scorer_options.get((model_name, i))), sc.weight)
+                for i, sc in enumerate(cfg.scorers)
+            ],
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -185,11 +208,16 @@ class Gateway:
             if pool.max_model_len is None:
                 lens = [e.backend.max_model_len for e in pool.endpoints if e.backend.max_model_len]
                 pool.max_model_len = min(lens) if lens else None
-            cfg = self.config.models[pool.name].health
+            model = self.config.models[pool.name]
             for endpoint in pool.endpoints:
                 self._health_tasks.append(
                     asyncio.create_task(
-                        self._health_loop(pool, endpoint, cfg), name=f"health:{endpoint.name}"
+                        self._health_loop(pool, endpoint, model.health), name=f"health:{endpoint.name}"
+                    )
+                )
+                self._health_tasks.append(
+                    asyncio.create_task(
+                        self._load_loop(pool, endpoint, model.load), name=f"load:{endpoint.name}"
                     )
                 )
         for fn in self.plugins.hook_functions("gateway_startup"):
@@ -238,13 +266,6 @@ class Gateway:
                 raise
             except Exception as exc:
                 ok, detail = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            try:
-                async with asyncio.timeout(cfg.timeout_s):
-                    endpoint.load = await endpoint.backend.load()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                endpoint.load = None
             endpoint.last_health_detail = detail
             if ok:
                 passes, fails = passes + 1, 0
@@ -256,6 +277,41 @@ class Gateway:
                 if endpoint.healthy and fails >= cfg.unhealthy_after:
                     log.warning("endpoint %s is unhealthy: %s", endpoint.name, detail)
                     pool.set_healthy(endpoint, False)
+            await asyncio.sleep(cfg.interval_s)
+
+    async def _load_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
+        """Poll the engine's own load; age the last snapshot when polls fail; adapt the
+        endpoint's concurrency limit to the engine's backlog."""
+        loop = asyncio.get_running_loop()
+        timeout = max(cfg.interval_s, 1.0)
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    snap = await endpoint.backend.load()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                snap = None
+                failed = True
+            else:
+                failed = False
+            now = loop.time()
+            if snap is not None:
+                endpoint.load = snap
+                endpoint.load_at = now
+                endpoint.load_weight = 1.0
+                if adapt_limit(endpoint, snap, cfg):
+                    pool.scheduler.wake(pool)
+            elif failed and endpoint.load is not None:
+                endpoint.load_weight = freshness(now - endpoint.load_at, cfg.stale_after_s)
+                if endpoint.load_weight == 0.0:
+                    endpoint.load = None
+            else:
+                # No load view at all: no snapshot to weigh, and nothing to adapt the limit to.
+                endpoint.load = None
+                endpoint.load_weight = 0.0
+                if not failed:
+                    return
             await asyncio.sleep(cfg.interval_s)
 
     # -- the hot path ------------------------------------------------------------------
@@ -275,6 +331,10 @@ class Gateway:
             pool = self.routes.get(req.model)
             if pool is None:
                 raise model_not_found(req.model)
+            headers = scope["headers"]
+            if headers:
+                self._apply_headers(req, headers, arrival)
+            pool = self.router.resolve(req, pool)
             self.check_context(req, pool)
         except GatewayError as err:
             await send_error(send, err, request_id)
@@ -301,6 +361,31 @@ class Gateway:
             watch.stop()
             if self._observers:
                 self._notify(req, record, loop.time())
+
+    def _apply_headers(self, req: InferenceRequest, headers: Any, arrival: float) -> None:
+        req.headers = headers
+        deadline = req.header(b"x-shuniu-deadline-ms")
+        if deadline is not None:
+            try:
+                budget_ms = float(deadline)
+            except ValueError:
+                budget_ms = -1.0
+            if not budget_ms > 0 or budget_ms == float("inf"):
+                raise GatewayError(
+                    400,
+                    "Header x-shuniu-deadline-ms must be a positive number of milliseconds.",
+                    param="x-shuniu-deadline-ms",
+                    code="invalid_value",
+                )
+            req.deadline = arrival + budget_ms / 1000.0
+        if self._identity_headers:
+            tenant = req.header(b"x-shuniu-tenant")
+            tier = req.header(b"x-shuniu-tier")
+            if tenant is not None or tier is not None:
+                req.principal = Principal(
+                    tenant=tenant.decode("latin-1") if tenant else "anonymous",
+                    tier=tier.decode("latin-1") if tier else "default",
+                )
 
     def check_context(self, req: InferenceRequest, pool: Pool) -> None:
         """400 when the prompt plus ``max_tokens`` exceed the pool's context window."""
@@ -483,6 +568,7 @@ class Gateway:
             ready = ready and healthy > 0
             models[name] = {
                 "healthy_endpoints": healthy,
+                "queued": getattr(pool.scheduler, "queued", None),
                 "endpoints": [
                     {
                         "name": e.name,
@@ -491,6 +577,9 @@ class Gateway:
                         "healthy": e.healthy,
                         "detail": e.last_health_detail,
                         "in_flight": e.in_flight,
+                        "in_flight_tokens": e.in_flight_tokens,
+                        "limit": e.limit or None,
+                        "load_weight": round(e.load_weight, 3),
                         "completed": e.completed,
                         "errors": e.errors,
                         "load": msgspec.to_builtins(e.load) if e.load is not None else None,

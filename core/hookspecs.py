@@ -51,6 +51,26 @@ def register_balancers(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def register_filters(register: Callable[..., None]) -> None:
+    """Register endpoint filters for composed balancers (a model's ``balancer.filters``).
+
+    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Filter`, one per pool.
+    Return value ignored.
+    """
+
+
+@hookspec
+def register_scorers(register: Callable[..., None]) -> None:
+    """Register endpoint scorers for composed balancers (a model's ``balancer.scorers``).
+
+    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Scorer`, one per pool.
+    Return value ignored.
+    """
+
+
+@hookspec
 def register_schedulers(register: Callable[..., None]) -> None:
     """Register request schedulers (the ``scheduler.policy`` of a model).
 

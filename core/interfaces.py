@@ -19,8 +19,10 @@ __all__ = [
     "Balancer",
     "Cache",
     "EndpointSpec",
+    "Filter",
     "Registration",
     "Scheduler",
+    "Scorer",
 ]
 
 
@@ -77,8 +79,9 @@ class Backend(Protocol):
         """The whole result at once (non-streaming requests)."""
         ...
 
-    async def load(self) -> EndpointLoad:
-        """The engine's own load snapshot."""
+    async def load(self) -> EndpointLoad | None:
+        """The engine's own load snapshot, or ``None`` when this backend cannot see it
+        (balancers then use the gateway's own in-flight counts)."""
         ...
 
     async def health(self) -> Health:
@@ -124,8 +127,8 @@ class BackendBase:
             usage = Usage(req.prompt_tokens, tokens, req.prompt_tokens + tokens)
         return Completion("".join(parts), finish, usage)
 
-    async def load(self) -> EndpointLoad:
-        return EndpointLoad()
+    async def load(self) -> EndpointLoad | None:
+        return None
 
     async def health(self) -> Health:
         return Health(True)
@@ -137,6 +140,29 @@ class Balancer(Protocol):
 
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
         """Return one of ``endpoints`` (all healthy with a free slot), or ``None`` to wait."""
+        ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """Narrows the candidates of a composed balancer. Synchronous, O(endpoints), no I/O."""
+
+    def filter(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """A subset of ``endpoints`` (all healthy with a free slot). Returning none of them
+        means "no preference": the balancer then keeps them all."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Rates candidates for a composed balancer. Synchronous, O(endpoints), no I/O."""
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> Sequence[float]:
+        """One score per endpoint, in order, each in 0..1 (higher is better)."""
+        ...
+
+    def picked(self, req: InferenceRequest, endpoint: EndpointState) -> None:
+        """``endpoint`` was chosen for ``req`` (a scorer with memory, e.g. prefixes, records it)."""
         ...
 
 

@@ -39,6 +39,8 @@ DENY_ENV = "SHUNIU_DISABLE_PLUGINS"
 Category = Literal[
     "backends",
     "balancers",
+    "filters",
+    "scorers",
     "schedulers",
     "caches",
     "rate_limiters",
@@ -48,6 +50,8 @@ Category = Literal[
 CATEGORIES: tuple[Category, ...] = (
     "backends",
     "balancers",
+    "filters",
+    "scorers",
     "schedulers",
     "caches",
     "rate_limiters",

@@ -1,8 +1,10 @@
 """Pools of endpoints: the state the scheduler and balancer work on.
 
-A pool serves one logical model. Each endpoint has a gateway-side slot count
-(``max_concurrency``); the scheduler only dispatches while some healthy endpoint has a free
-slot, so the queue stays in the gateway, where priorities can still be applied.
+A pool serves one logical model. Each endpoint has a gateway-side concurrency limit
+(``limit``: the configured ``max_concurrency``, tightened adaptively from the engine's own
+load reports, see :mod:`shuniu.core.load`); the scheduler only dispatches while some
+healthy endpoint is under its limit, so the queue stays in the gateway, where priorities
+and tenant shares can still be applied.
 """
 
 from __future__ import annotations
@@ -15,20 +17,36 @@ from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
 if TYPE_CHECKING:
     from shuniu.core.interfaces import Backend, Balancer, Scheduler
 
-__all__ = ["EndpointState", "Pool", "Ticket"]
+__all__ = ["DEFAULT_OUTPUT_TOKENS", "EndpointState", "Pool", "Ticket"]
+
+DEFAULT_OUTPUT_TOKENS = 256
+"""Output tokens assumed for a request that sets no ``max_tokens`` (for token accounting)."""
 
 
 class EndpointState:
-    """One endpoint as the gateway sees it. Mutated only on the event loop."""
+    """One endpoint as the gateway sees it. Mutated only on the event loop.
+
+    The load view a balancer reads: ``in_flight`` and ``in_flight_tokens`` (the gateway's
+    own, always current), ``load`` (the engine's last snapshot, ``None`` when it reports
+    none or it went stale) weighted by ``load_weight`` (1 for a fresh snapshot, fading to 0
+    as it ages), ``healthy``, and ``labels`` (e.g. ``zone``).
+    """
 
     __slots__ = (
         "backend",
         "completed",
+        "draining",
         "errors",
         "healthy",
         "in_flight",
+        "in_flight_tokens",
+        "index",
+        "labels",
         "last_health_detail",
+        "limit",
         "load",
+        "load_at",
+        "load_weight",
         "max_concurrency",
         "name",
         "version",
@@ -43,21 +61,34 @@ class EndpointState:
         weight: float = 1.0,
         version: str = "v1",
         max_concurrency: int = 0,
+        labels: dict[str, str] | None = None,
+        index: int = 0,
     ) -> None:
         self.name = name
         self.backend = backend
         self.weight = weight
         self.version = version
         self.max_concurrency = max_concurrency
+        self.limit = max_concurrency
+        """Current concurrency limit (0 = none): ``max_concurrency``, or less while the
+        engine reports a backlog."""
+        self.labels = labels or {}
+        self.index = index
+        """Position in the pool (stable; balancers may use it as a small integer key)."""
         self.in_flight = 0
+        self.in_flight_tokens = 0
+        """Prompt + expected output tokens of the requests dispatched and not yet finished."""
         self.healthy = True
+        self.draining = False
         self.last_health_detail = ""
         self.completed = 0
         self.errors = 0
         self.load: EndpointLoad | None = None
+        self.load_at = 0.0
+        self.load_weight = 0.0
 
     def has_capacity(self) -> bool:
-        return self.healthy and (self.max_concurrency == 0 or self.in_flight < self.max_concurrency)
+        return self.healthy and not self.draining and (self.limit == 0 or self.in_flight < self.limit)
 
     def __repr__(self) -> str:
         return f"<EndpointState {self.name} in_flight={self.in_flight} healthy={self.healthy}>"
@@ -66,22 +97,33 @@ class EndpointState:
 class Ticket:
     """A request's claim on one endpoint slot, from dispatch until release."""
 
-    __slots__ = ("admitted", "endpoint", "pool", "released", "request")
+    __slots__ = ("admitted", "cost", "endpoint", "pool", "released", "request")
 
     def __init__(
-        self, request: InferenceRequest, pool: Pool, endpoint: EndpointState, admitted: float
+        self, request: InferenceRequest, pool: Pool, endpoint: EndpointState, admitted: float, cost: int
     ) -> None:
         self.request = request
         self.pool = pool
         self.endpoint = endpoint
         self.admitted = admitted
+        self.cost = cost
+        """Tokens added to the endpoint's ``in_flight_tokens`` (given back on release)."""
         self.released = False
 
 
 class Pool:
     """The endpoints of one model, with its balancer and scheduler."""
 
-    __slots__ = ("_on_change", "balancer", "endpoints", "max_model_len", "name", "scheduler")
+    __slots__ = (
+        "_on_change",
+        "balancer",
+        "dispatched",
+        "endpoints",
+        "max_model_len",
+        "name",
+        "scheduler",
+        "versions",
+    )
 
     def __init__(
         self,
@@ -94,24 +136,43 @@ class Pool:
     ) -> None:
         self.name = name
         self.endpoints = endpoints
+        for i, endpoint in enumerate(endpoints):
+            endpoint.index = i
         self.balancer = balancer
         self.scheduler = scheduler
         self.max_model_len = max_model_len
+        self.dispatched = 0
+        """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
+        self.versions = frozenset(e.version for e in endpoints)
         self._on_change: list[Callable[[Pool], Any]] = []
 
-    def has_healthy(self) -> bool:
-        return any(e.healthy for e in self.endpoints)
+    def has_healthy(self, version: str | None = None) -> bool:
+        return any(
+            e.healthy and not e.draining and (version is None or e.version == version) for e in self.endpoints
+        )
 
     def try_dispatch(self, req: InferenceRequest, now: float) -> Ticket | None:
-        """Give ``req`` a slot on an endpoint the balancer picks, if one has a free slot."""
-        candidates = [e for e in self.endpoints if e.has_capacity()]
+        """Give ``req`` a slot on an endpoint the balancer picks, if one has a free slot
+        (and runs ``req.version``, when the request is pinned to one)."""
+        version = req.version
+        candidates = [
+            e
+            for e in self.endpoints
+            if e.healthy
+            and not e.draining
+            and (e.limit == 0 or e.in_flight < e.limit)
+            and (version is None or e.version == version)
+        ]
         if not candidates:
             return None
         endpoint = self.balancer.pick(req, candidates)
         if endpoint is None:
             return None
+        cost = req.prompt_tokens + (req.max_tokens or DEFAULT_OUTPUT_TOKENS)
         endpoint.in_flight += 1
-        return Ticket(req, self, endpoint, now)
+        endpoint.in_flight_tokens += cost
+        self.dispatched += 1
+        return Ticket(req, self, endpoint, now, cost)
 
     def free(self, ticket: Ticket, outcome: Outcome) -> bool:
         """Return the ticket's slot (idempotent). True if it was still held."""
@@ -120,6 +181,7 @@ class Pool:
         ticket.released = True
         endpoint = ticket.endpoint
         endpoint.in_flight -= 1
+        endpoint.in_flight_tokens -= ticket.cost
         if outcome is Outcome.ERROR:
             endpoint.errors += 1
         else:

@@ -76,8 +76,31 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     arrival: float = 0.0
     """Event-loop time when the request was accepted."""
     priority: int = 0
-    """Smaller runs first (vLLM's convention)."""
+    """Smaller runs first (vLLM's convention). The client's wish until the scheduler sets
+    the priority it will apply (from the tier)."""
     principal: Principal = ANONYMOUS
+    deadline: float | None = None
+    """Event-loop time after which the answer is useless (from ``x-shuniu-deadline-ms``);
+    a request still queued then leaves the queue with 504."""
+    headers: Any = ()
+    """The raw ASGI header pairs ``(name, value)`` (lower-case bytes), for policies that key
+    on a header. Not copied."""
+    version: str | None = None
+    """The endpoint version this request must run on (a canary split or a pinning header);
+    ``None`` = any."""
+    token_ids: list[int] | None = None
+    """The prompt's token ids when known exactly (the simulator; a completion sent as ids)."""
+    prefix_hashes: list[int] | None = None
+    """Hash chain of the prompt's blocks, filled lazily by the first policy that needs it
+    (:func:`shuniu.core.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
+    prefix_block: int = 0
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (lower-case bytes), or ``None``."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
 
 
 class Chunk(msgspec.Struct):
@@ -104,7 +127,8 @@ class Completion(msgspec.Struct):
 
 
 class EndpointLoad(msgspec.Struct):
-    """An engine's own view of its load, as reported by the backend."""
+    """An engine's own view of its load, as reported by the backend (``None`` from a backend
+    that cannot see its engine's load)."""
 
     running: int = 0
     waiting: int = 0

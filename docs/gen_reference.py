@@ -41,8 +41,12 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>", config.ModelConfig),
     ("models.<name>.endpoints[]", config.EndpointConfig),
     ("models.<name>.balancer", config.BalancerConfig),
+    ("models.<name>.balancer.filters[]", config.FilterConfig),
+    ("models.<name>.balancer.scorers[]", config.ScorerConfig),
     ("models.<name>.scheduler", config.SchedulerConfig),
     ("models.<name>.health", config.HealthConfig),
+    ("models.<name>.load", config.LoadConfig),
+    ("models.<name>.routes[]", config.RouteRule),
 ]
 
 # Where the options of each plugin category go, and the key that selects the plugin.
@@ -50,6 +54,8 @@ PLUGIN_PLACES: dict[str, tuple[str, str]] = {
     "backends": ("models.<name>.endpoints[].options", "kind"),
     "balancers": ("models.<name>.balancer.options", "policy"),
     "schedulers": ("models.<name>.scheduler.options", "policy"),
+    "filters": ("models.<name>.balancer.filters[].options", "name"),
+    "scorers": ("models.<name>.balancer.scorers[].options", "name"),
 }
 
 
@@ -93,7 +99,10 @@ def _constraints(info: FieldInfo) -> str:
                 parts.append(f"{sign} {value}")
         min_length = getattr(meta, "min_length", None)
         if min_length is not None:
-            parts.append(f"at least {min_length} item{'s' if min_length != 1 else ''}")
+            if info.annotation is str:
+                parts.append(f"at least {min_length} character{'s' if min_length != 1 else ''}")
+            else:
+                parts.append(f"at least {min_length} item{'s' if min_length != 1 else ''}")
         max_length = getattr(meta, "max_length", None)
         if max_length is not None:
             parts.append(f"at most {max_length} items")

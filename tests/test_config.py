@@ -78,7 +78,7 @@ def test_every_problem_with_path_and_line(plugins: PluginManager) -> None:
     kind = by_path["models.chat.endpoints[0].kind"]
     assert kind.line == 7
     assert "registered: openai, sim" in kind.message
-    assert "registered: round_robin" in by_path["models.chat.balancer.policy"].message
+    assert "registered: least_load, least_requests, " in by_path["models.chat.balancer.policy"].message
     assert by_path["models.chat.balancer.policy"].line == 14
     assert by_path["models.chat.endpoints[1].options.tokens_per_s"].line == 11
     assert "ttft_ms" in by_path["models.chat.endpoints[1].options.turbo"].message
@@ -89,7 +89,7 @@ def test_unknown_field_inside_a_model_lists_accepted_keys(plugins: PluginManager
         plugins, "models:\n  chat:\n    endpoints:\n      - kind: sim\n        replica: 2\n"
     )
     assert problem.path == "models.chat.endpoints[0].replica"
-    assert "expected one of: kind, max_concurrency, name, options, replicas" in problem.message
+    assert "expected one of: kind, labels, max_concurrency, name, options, replicas" in problem.message
 
 
 def test_missing_and_duplicate_names(plugins: PluginManager) -> None:

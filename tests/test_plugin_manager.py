@@ -32,7 +32,17 @@ from shuniu.core.plugin_manager import ENTRY_POINT_GROUP, PluginManager, load_pl
 from shuniu.core.server import bind_socket
 from shuniu.core.types import Outcome, RequestRecord
 
-BUILTINS = {"sim", "openai", "round_robin", "fifo"}
+BALANCERS = {
+    "round_robin",
+    "weighted_round_robin",
+    "random",
+    "least_requests",
+    "power_of_two",
+    "session_affinity",
+    "least_load",
+    "prefix_affinity",
+}
+BUILTINS = {"sim", "openai", "fifo", "priority", "locality", *BALANCERS}
 
 
 @pytest.fixture(autouse=True)
@@ -187,7 +197,7 @@ def test_deny_list(monkeypatch: pytest.MonkeyPatch, fake_site: Path) -> None:
     # Deny wins over allow; a whole distribution can be denied.
     monkeypatch.setenv("SHUNIU_PLUGINS", "shuniu,good")
     monkeypatch.setenv("SHUNIU_DISABLE_PLUGINS", "round_robin")
-    assert _names(load_plugins()) == {"sim", "openai", "fifo", "good"}
+    assert _names(load_plugins()) == (BUILTINS - {"round_robin"}) | {"good"}
     monkeypatch.setenv("SHUNIU_DISABLE_PLUGINS", "shuniu")
     assert _names(load_plugins()) == {"good"}
 
@@ -282,7 +292,7 @@ def test_plugin_that_raises_on_import_is_recorded_and_the_others_load(
     assert _names(plugins) == BUILTINS | {"good"}
     good = next(p for p in plugins.plugins() if p.name == "good")
     assert (good.distribution, good.version, good.hooks) == ("good-plugin", "2.0.0", ("register_balancers",))
-    assert set(plugins.registered("balancers")) == {"round_robin", "newest"}
+    assert set(plugins.registered("balancers")) == BALANCERS | {"newest"}
 
     # One line per failure on stderr, naming the plugin and the error; no traceback.
     err = capsys.readouterr().err
@@ -364,10 +374,12 @@ def test_unknown_names_list_what_is_registered(fake_site: Path) -> None:
     }
     failed_note = "; plugins that failed to load: broken, needs_dep"
     assert problems["models.chat.balancer.policy"].message == (
-        "unknown balancer 'least_loaded'; registered: newest, round_robin" + failed_note
+        "unknown balancer 'least_loaded'; registered: "
+        + ", ".join(sorted(BALANCERS | {"newest"}))
+        + failed_note
     )
     assert problems["models.chat.scheduler.policy"].message == (
-        "unknown scheduler 'edf'; registered: fifo" + failed_note
+        "unknown scheduler 'edf'; registered: fifo, priority" + failed_note
     )
     assert problems["models.chat.endpoints[1].kind"].message == (
         "unknown backend 'vllm-turbo'; registered: openai, sim" + failed_note
@@ -381,7 +393,7 @@ def test_unknown_names_with_no_failed_plugins() -> None:
     with pytest.raises(ConfigError) as info:
         load_deployment(None, load_plugins(), text=UNKNOWN_NAMES)
     messages = [p.message for p in info.value.problems]
-    assert "unknown balancer 'least_loaded'; registered: round_robin" in messages
+    assert f"unknown balancer 'least_loaded'; registered: {', '.join(sorted(BALANCERS))}" in messages
     assert not any("failed to load" in m for m in messages)
 
 

@@ -153,7 +153,8 @@ def test_deployment_selecting_least_busy_validates(site_dir: Path, tmp_path: Pat
     missing = _shuniu("validate", str(EXAMPLE_DEPLOYMENT), site=None)
     assert missing.returncode == 1
     assert "models.chat.balancer.policy" in missing.stderr
-    assert "unknown balancer 'least_busy'; registered: round_robin" in missing.stderr
+    assert "unknown balancer 'least_busy'; registered: least_load, " in missing.stderr
+    assert "round_robin" in missing.stderr
 
     # The plugin's options model validates `balancer.options`, with the field path.
     bad = tmp_path / "bad.yaml"

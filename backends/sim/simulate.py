@@ -25,7 +25,31 @@ from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import Pool
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 
-__all__ = ["SimulationResult", "plot_timeline", "simulate"]
+__all__ = ["SimulationResult", "TierResult", "plot_timeline", "simulate"]
+
+
+@dataclass
+class TierResult:
+    """Latency and refusals of one tier's requests."""
+
+    arrived: int = 0
+    completed: int = 0
+    rejected_by_code: dict[str, int] = field(default_factory=dict)
+    met_slo: int = 0
+    ttft: LogHistogram = field(default_factory=LogHistogram)
+    e2e: LogHistogram = field(default_factory=LogHistogram)
+
+    def summary(self, with_slo: bool) -> dict[str, Any]:
+        return {
+            "arrived": self.arrived,
+            "completed": self.completed,
+            "rejected": sum(self.rejected_by_code.values()),
+            "rejected_by_code": dict(self.rejected_by_code),
+            "ttft_p50": self.ttft.quantile(0.5),
+            "ttft_p99": self.ttft.quantile(0.99),
+            "e2e_p99": self.e2e.quantile(0.99),
+            "goodput": self.met_slo / self.arrived if with_slo and self.arrived else None,
+        }
 
 
 @dataclass
@@ -58,6 +82,14 @@ class SimulationResult:
     """Width of the time windows of :attr:`timeline`."""
     timeline: dict[int, tuple[LogHistogram, LogHistogram]] = field(default_factory=dict)
     """Window index (by arrival time) → (TTFT, per-request mean ITL) histograms, for plots."""
+    tiers: dict[str, TierResult] = field(default_factory=dict)
+    """The same figures per tier (the workload's ``tier`` of each request)."""
+
+    def tier(self, name: str) -> TierResult:
+        t = self.tiers.get(name)
+        if t is None:
+            t = self.tiers[name] = TierResult()
+        return t
 
     def record_window(self, arrival: float, ttft: float, itl: float | None) -> None:
         window = self.timeline.get(int(arrival // self.window_s))
@@ -93,6 +125,7 @@ class SimulationResult:
             "wall_s": self.wall_s,
             "simulated_requests_per_wall_s": self.requests_arrived / self.wall_s if self.wall_s else 0.0,
             "per_endpoint": self.per_endpoint,
+            "tiers": {name: t.summary(bool(self.slo)) for name, t in sorted(self.tiers.items())},
         }
 
 
@@ -141,7 +174,8 @@ async def _run(
             id=f"sim-{n}",
             api="chat" if getattr(spec, "kind", "chat") == "chat" else "completions",
             model=model,
-            body={},
+            # The conversation id stands in for OpenAI's `user` field (session affinity keys on it).
+            body={"user": spec.session} if spec.session is not None else {},
             prompt="",
             prompt_tokens=len(spec.prompt),
             max_tokens=spec.output_tokens,
@@ -149,14 +183,19 @@ async def _run(
             arrival=now,
             priority=spec.priority,
             principal=Principal(tenant=spec.tenant, tier=spec.tier),
+            token_ids=spec.prompt,
         )
+        tier = result.tier(spec.tier)
+        tier.arrived += 1
         try:
+            pool = gateway.router.resolve(req, pool)
             gateway.check_context(req, pool)
             ticket = await pool.scheduler.admit(req, pool)
         except GatewayError as err:
             result.rejected += 1
             code = err.code or str(err.status)
             result.rejected_by_code[code] = result.rejected_by_code.get(code, 0) + 1
+            tier.rejected_by_code[code] = tier.rejected_by_code.get(code, 0) + 1
             return
         admitted = loop.time()
         result.queue.add(admitted - now)
@@ -167,7 +206,7 @@ async def _run(
             spec.prompt,
             spec.output_tokens,
             output_seed=spec.output_seed,
-            priority=spec.priority,
+            priority=req.priority,  # as the scheduler set it (from the tier)
             arrival=admitted,
         )
         outcome = Outcome.ERROR
@@ -189,11 +228,15 @@ async def _run(
         result.ttft.add(ttft)
         result.e2e.add(end - now)
         result.requests_completed += 1
+        tier.ttft.add(ttft)
+        tier.e2e.add(end - now)
+        tier.completed += 1
         # A request's inter-token latency is its mean gap (time per output token).
         tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
         result.record_window(now, ttft, tpot)
         if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
             result.met_slo += 1
+            tier.met_slo += 1
 
     n = 0
     for spec in requests:

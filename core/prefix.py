@@ -1,0 +1,37 @@
+"""Prompt prefixes as hash chains of fixed-size blocks, for prefix-aware routing.
+
+Engines with prefix caching (vLLM, SGLang, the simulator) reuse the KV cache of a prompt's
+leading full blocks. The gateway cannot see engine blocks, so it approximates them: the
+prompt is cut into blocks (of token ids when the request carries them, otherwise of
+characters of the flattened prompt) and block *i* is identified by a hash of blocks 0..i,
+so two prompts share block *i*'s hash only if they share everything up to it.
+"""
+
+from __future__ import annotations
+
+from shuniu.core.types import InferenceRequest
+
+__all__ = ["prefix_hashes"]
+
+
+def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) -> list[int]:
+    """The hash chain of ``req``'s full prompt blocks (a trailing partial block is left out,
+    as engines only cache full blocks). Computed once per request and block size."""
+    ids = req.token_ids
+    block = block_tokens if ids is not None else block_chars
+    if req.prefix_hashes is not None and req.prefix_block == block:
+        return req.prefix_hashes
+    out: list[int] = []
+    h = block  # seed the chain with the block size so different sizes never collide
+    if ids is not None:
+        for start in range(0, len(ids) - block + 1, block):
+            h = hash((h, tuple(ids[start : start + block])))
+            out.append(h)
+    else:
+        text = req.prompt
+        for start in range(0, len(text) - block + 1, block):
+            h = hash((h, text[start : start + block]))
+            out.append(h)
+    req.prefix_hashes = out
+    req.prefix_block = block
+    return out

@@ -1,0 +1,89 @@
+"""A bounded memory of which endpoints recently served which prompt blocks.
+
+Keys are the block hashes of :func:`shuniu.core.prefix.prefix_hashes`; values are bit masks
+of endpoint indexes. The table is an LRU of at most ``max_blocks`` entries, so it cannot
+grow without bound however many distinct prompts pass through (the trap that made other
+routers' prefix trees run out of memory); an evicted block simply stops attracting traffic,
+as an engine's evicted KV block stops giving hits.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from shuniu.core.pool import EndpointState
+
+__all__ = ["PrefixIndex"]
+
+
+class PrefixIndex:
+    """Block hash → endpoints that hold it (a bit per endpoint index), least recent first."""
+
+    __slots__ = ("_table", "max_blocks")
+
+    def __init__(self, max_blocks: int) -> None:
+        self.max_blocks = max_blocks
+        self._table: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointState]) -> list[int]:
+        """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
+        n = len(endpoints)
+        if not hashes or not self._table:
+            return [0] * n
+        alive = 0
+        for e in endpoints:
+            alive |= 1 << e.index
+        table = self._table
+        depth_of: dict[int, int] = {}
+        depth = 0
+        for h in hashes:
+            mask = table.get(h)
+            if mask is None:
+                break
+            still = alive & mask
+            if still != alive:
+                gone = alive & ~still
+                while gone:
+                    bit = gone & -gone
+                    depth_of[bit] = depth
+                    gone ^= bit
+                alive = still
+                if not alive:
+                    break
+            depth += 1
+        return [depth_of.get(1 << e.index, depth if alive >> e.index & 1 else 0) for e in endpoints]
+
+    def record(self, hashes: Sequence[int], endpoint: EndpointState) -> None:
+        """``endpoint`` now holds these blocks (it was sent the prompt)."""
+        if not hashes:
+            return
+        bit = 1 << endpoint.index
+        table = self._table
+        move = table.move_to_end
+        for h in hashes:
+            mask = table.get(h)
+            if mask is None:
+                table[h] = bit
+            else:
+                table[h] = mask | bit
+                move(h)
+        excess = len(table) - self.max_blocks
+        if excess > 0:
+            pop = table.popitem
+            for _ in range(excess):
+                pop(last=False)
+
+    def forget(self, endpoint: EndpointState) -> None:
+        """Drop ``endpoint`` from every entry (it restarted and lost its cache). O(table)."""
+        clear = ~(1 << endpoint.index)
+        table = self._table
+        for h in list(table):
+            mask = table[h] & clear
+            if mask:
+                table[h] = mask
+            else:
+                del table[h]

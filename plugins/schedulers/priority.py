@@ -1,0 +1,651 @@
+"""``priority``: priority levels by tier, token-fair shares between tenants, and admission
+control that refuses at once what cannot be served in time.
+
+Each waiting request belongs to a priority level (smaller runs first, as in vLLM), taken
+from its tier. Within a level, tenants share the pool by weight, measured in tokens (prompt
+plus expected output), with start-time fair queueing: every tenant keeps the finish tag of
+its last request; a new request starts at ``max(level virtual time, tenant's last finish)``
+and finishes ``cost / weight`` later; the smallest finish tag goes first, and the level's
+virtual time moves to the start tag of what it dispatched. One heap, keyed by
+``(priority, finish, arrival)``, orders every waiter. A request that has waited ``aging_s``
+goes ahead of everything, so low priorities are never starved.
+
+Version pinning: when the best waiter is pinned to a version with no free slot, up to
+``_LOOKAHEAD`` further waiters are tried before dispatch stops; a pool whose queue head holds
+more pinned waiters than that waits for the next release (a bounded head-of-line block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from heapq import heapify, heappop, heappush
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from shuniu.core import hookimpl
+from shuniu.core.config import Options
+from shuniu.core.errors import GatewayError, no_healthy_endpoint
+from shuniu.core.pool import Pool, Ticket
+from shuniu.core.types import InferenceRequest, Outcome
+
+__all__ = ["PriorityOptions", "PriorityScheduler", "TierPolicy"]
+
+_LOOKAHEAD = 8
+"""Waiters tried past a pinned one that could not be placed, before a dispatch round stops."""
+_ALPHA = 0.1
+"""Weight of the newest interval in the dispatch-interval average (after the first 10)."""
+_MAX_RETRY_AFTER = 3600
+_PRIORITY_HEADER = b"x-shuniu-priority"
+
+_QUEUED, _DISPATCHED, _LEFT = 0, 1, 2
+
+
+class TierPolicy(Options):
+    """How the requests of one tier are queued."""
+
+    priority: int = 0
+    """Priority level of the tier's requests; smaller runs first (vLLM's convention)."""
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Fair-share weight, within its priority level, of each tenant of this tier: tenants
+    receive tokens in proportion to their weights while they all have requests waiting."""
+    max_queue: int | None = Field(None, ge=0)
+    """Requests of this tier allowed to wait; more are refused with 429. ``None``: only the
+    scheduler's global ``max_queue`` applies."""
+    max_wait_s: float | None = Field(None, gt=0)
+    """Longest a request of this tier may wait; ``None``: the scheduler's ``max_wait_s``."""
+    client_priority: bool = False
+    """Let clients of this tier ask for a worse (larger) priority, with the body field
+    ``priority`` or the ``x-shuniu-priority`` header (the header wins). A better one than
+    the tier's is never granted: the request gets the tier's priority instead."""
+
+
+class PriorityOptions(Options):
+    """Options of the ``priority`` scheduler."""
+
+    tiers: dict[str, TierPolicy] = Field(default_factory=dict)
+    """Tier name → policy. A tier ``default`` (priority 0, weight 1) exists even when not
+    listed here; listing it overrides it."""
+    default_tier: str = "default"
+    """Tier applied to requests whose tier is not in ``tiers``."""
+    max_queue: int = Field(1024, ge=0)
+    """Requests allowed to wait, all tiers together. When full, a newcomer with a better
+    priority than the worst waiting request displaces the most recent of those (503
+    ``shed``); otherwise it is refused with 429."""
+    max_wait_s: float = Field(60.0, gt=0)
+    """Longest a request may wait in the queue (tiers may override it); then 503."""
+    tenant_weights: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict
+    )
+    """Tenant name → fair-share weight, overriding the weight of the tenant's tier."""
+    aging_s: float | None = Field(30.0, gt=0)
+    """A request that has waited this long is dispatched ahead of every priority level
+    (oldest first), so low priorities are never starved. ``None``: no aging."""
+    default_output_tokens: int = Field(256, ge=1)
+    """Output tokens assumed, for fair shares, for a request that sets no ``max_tokens``."""
+    min_rate_samples: int = Field(8, ge=1)
+    """Dispatches from the queue observed in the current backlog before a request whose
+    predicted wait exceeds its limit is refused at once (503 ``queue_wait_exceeded``).
+    Fewer: every request is queued and only the wait limit applies."""
+
+    @model_validator(mode="after")
+    def _default_tier_exists(self) -> PriorityOptions:
+        if self.default_tier != "default" and self.default_tier not in self.tiers:
+            known = ", ".join(sorted({"default", *self.tiers}))
+            raise ValueError(f"default_tier {self.default_tier!r} is not a tier (tiers: {known})")
+        return self
+
+
+class _Tier:
+    __slots__ = ("client_priority", "max_queue", "max_wait_s", "name", "priority", "queued", "weight")
+
+    def __init__(self, name: str, policy: TierPolicy, max_wait_s: float) -> None:
+        self.name = name
+        self.priority = policy.priority
+        self.weight = policy.weight
+        self.max_queue = policy.max_queue
+        self.max_wait_s = policy.max_wait_s if policy.max_wait_s is not None else max_wait_s
+        self.client_priority = policy.client_priority
+        self.queued = 0
+
+
+class _Tenant:
+    """A tenant's fair-queueing state within one priority level."""
+
+    __slots__ = ("finish", "idle_key", "in_idle", "name", "queued")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.finish = 0.0
+        self.queued = 0
+        self.idle_key = 0.0
+        """``finish`` when pushed on the level's idle heap (the heap's key must not move)."""
+        self.in_idle = False
+
+    def __lt__(self, other: _Tenant) -> bool:
+        return self.idle_key < other.idle_key
+
+
+class _Level:
+    """One priority level: virtual time, tenants, and its waiters in arrival order."""
+
+    __slots__ = ("count", "head", "idle", "priority", "tail", "tenants", "vtime")
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.vtime = 0.0
+        self.count = 0
+        self.tenants: dict[str, _Tenant] = {}
+        self.idle: list[_Tenant] = []
+        """Tenants with nothing queued whose finish tag is still ahead of ``vtime``."""
+        self.head: _Waiter | None = None
+        self.tail: _Waiter | None = None
+
+
+class _Waiter:
+    # Two intrusive lists (all waiters by arrival, for aging; a level's, for eviction) keep
+    # removal O(1) without extra allocations.
+    __slots__ = (
+        "enqueued",
+        "finish",
+        "future",
+        "g_next",
+        "g_prev",
+        "l_next",
+        "l_prev",
+        "level",
+        "missed",
+        "request",
+        "start",
+        "state",
+        "tenant",
+        "tier",
+    )
+
+    def __init__(
+        self,
+        request: InferenceRequest,
+        future: asyncio.Future[Ticket],
+        tier: _Tier,
+        level: _Level,
+        tenant: _Tenant,
+        start: float,
+        finish: float,
+        enqueued: float,
+    ) -> None:
+        self.request = request
+        self.future = future
+        self.tier = tier
+        self.level = level
+        self.tenant = tenant
+        self.start = start
+        self.finish = finish
+        self.enqueued = enqueued
+        self.state = _QUEUED
+        self.missed = False
+        self.g_prev: _Waiter | None = None
+        self.g_next: _Waiter | None = None
+        self.l_prev: _Waiter | None = None
+        self.l_next: _Waiter | None = None
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"retry-after": str(max(1, min(_MAX_RETRY_AFTER, math.ceil(seconds))))}
+
+
+class PriorityScheduler:
+    """Priority levels from tiers, weighted token-fair queueing of tenants within a level,
+    aging, and admission control (queue limits, shedding, predicted waits, deadlines).
+
+    Counters: ``shed`` (waiters displaced by higher-priority traffic), ``expired`` (waiters
+    that reached their wait limit or deadline in the queue), ``rejected`` (every refusal
+    by error code, those two included).
+    """
+
+    def __init__(self, options: PriorityOptions | None = None) -> None:
+        self.options = opts = options or PriorityOptions()
+        policies = {"default": TierPolicy(), **opts.tiers}
+        self._tiers = {name: _Tier(name, p, opts.max_wait_s) for name, p in policies.items()}
+        self._default = self._tiers[opts.default_tier]
+        self._weights = opts.tenant_weights
+        self._aging_s = opts.aging_s
+        self._levels: dict[int, _Level] = {}
+        self._heap: list[tuple[int, float, int, _Waiter]] = []
+        self._seq = 0
+        self._count = 0
+        self._head: _Waiter | None = None
+        self._tail: _Waiter | None = None
+        self._pins_stalled = False
+        """The last dispatch round may have stopped on pinned waiters while other versions
+        had room: an arrival then runs a round instead of just queueing."""
+        # Dispatch-rate estimate, from the queue's own dispatches during the current backlog
+        # only: an idle pool has no rate to speak of, and a burst starts with no estimate.
+        self._mark: float | None = None
+        self._interval = 0.0
+        self._samples = 0
+        self.shed = 0
+        self.expired = 0
+        self.rejected: dict[str, int] = {}
+
+    @property
+    def queued(self) -> int:
+        return self._count
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def admit(self, req: InferenceRequest, pool: Pool) -> Ticket:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        tier = self._tiers.get(req.principal.tier, self._default)
+        prio = self._effective_priority(req, tier)
+        req.priority = prio
+        deadline = req.deadline
+        if deadline is not None and deadline <= now:
+            raise self._reject(
+                GatewayError(
+                    504,
+                    "The request's deadline had already passed when it reached the queue.",
+                    type="timeout_error",
+                    code="deadline_exceeded",
+                    headers=_retry_after(1),
+                )
+            )
+        if not self._count:
+            ticket = pool.try_dispatch(req, now)
+            if ticket is not None:
+                return ticket
+        if not pool.has_healthy(req.version):
+            raise self._reject(no_healthy_endpoint(pool.name))
+        limit = tier.max_wait_s
+        by_deadline = False
+        if deadline is not None and deadline - now < limit:
+            limit = deadline - now
+            by_deadline = True
+        if tier.max_queue is not None and tier.queued >= tier.max_queue:
+            raise self._reject(
+                GatewayError(
+                    429,
+                    f"The queue of tier `{tier.name}` for `{pool.name}` is full "
+                    f"({tier.queued} waiting); retry later.",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers=_retry_after(min(self._predicted(prio), limit)),
+                )
+            )
+        if self._samples >= self.options.min_rate_samples:
+            predicted = self._predicted(prio)
+            if predicted > limit:
+                raise self._reject(
+                    GatewayError(
+                        503,
+                        f"Requests queued for `{pool.name}` would hold this one about "
+                        f"{predicted:.0f} s, longer than the {limit:g} s it may wait; retry later.",
+                        type="server_error",
+                        code="queue_wait_exceeded",
+                        headers=_retry_after(predicted),
+                    )
+                )
+        if self._count >= self.options.max_queue and not self._evict_for(prio, pool):
+            raise self._reject(
+                GatewayError(
+                    429,
+                    f"The queue for `{pool.name}` is full ({self._count} waiting); retry later.",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers=_retry_after(min(self._predicted(prio), limit)),
+                )
+            )
+
+        waiter = self._enqueue(req, tier, prio, loop.create_future(), now)
+        stalled = self._pins_stalled
+        if req.version is not None:
+            self._pins_stalled = True
+        if stalled:
+            self._dispatch(pool)
+        try:
+            # asyncio.timeout, not wait_for, which on 3.11 can lose a racing cancellation.
+            async with asyncio.timeout_at(now + limit):
+                return await waiter.future
+        except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                return waiter.future.result()  # dispatched (or shed) at the very last moment
+            waiter.future.cancel()
+            self._leave(waiter)
+            self.expired += 1
+            if by_deadline:
+                raise self._reject(
+                    GatewayError(
+                        504,
+                        f"The request's deadline passed while it was queued for `{pool.name}`.",
+                        type="timeout_error",
+                        code="deadline_exceeded",
+                        headers=_retry_after(1),
+                    )
+                ) from None
+            raise self._reject(
+                GatewayError(
+                    503,
+                    f"No endpoint of `{pool.name}` could take the request within {limit:g} s.",
+                    type="server_error",
+                    code="queue_timeout",
+                    headers=_retry_after(limit / 10),
+                )
+            ) from None
+        except asyncio.CancelledError:
+            # The client left while queued. If a slot was handed over meanwhile, give it back.
+            future = waiter.future
+            if future.done() and not future.cancelled():
+                if future.exception() is None:  # (a shed waiter's error is simply dropped)
+                    self.release(future.result(), Outcome.CANCELLED)
+            else:
+                future.cancel()
+                self._leave(waiter)
+            raise
+
+    def release(self, ticket: Ticket, outcome: Outcome) -> None:
+        if ticket.pool.free(ticket, outcome) and self._count:
+            self._dispatch(ticket.pool)
+
+    def wake(self, pool: Pool) -> None:
+        if self._count:
+            self._dispatch(pool)
+
+    def snapshot(self) -> dict[str, object]:
+        """The queue's state, for an admin endpoint (not for the hot path)."""
+        try:
+            now: float | None = asyncio.get_running_loop().time()
+        except RuntimeError:  # called off the loop (a test, a debugger)
+            now = None
+        head = self._head
+        return {
+            "queued": self._count,
+            "tiers": {name: t.queued for name, t in self._tiers.items()},
+            "priorities": {p: lvl.count for p, lvl in sorted(self._levels.items())},
+            "tenants": sum(len(lvl.tenants) for lvl in self._levels.values()),
+            "oldest_wait_s": now - head.enqueued if head is not None and now is not None else None,
+            "dispatch_interval_s": self._interval if self._samples else None,
+            "rate_samples": self._samples,
+            "shed": self.shed,
+            "expired": self.expired,
+            "rejected": dict(self.rejected),
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _reject(self, err: GatewayError) -> GatewayError:
+        code = err.code or str(err.status)
+        self.rejected[code] = self.rejected.get(code, 0) + 1
+        return err
+
+    @staticmethod
+    def _effective_priority(req: InferenceRequest, tier: _Tier) -> int:
+        prio = tier.priority
+        if not tier.client_priority:
+            return prio
+        asked: int | None = None
+        raw = req.header(_PRIORITY_HEADER)
+        if raw is not None:
+            try:
+                asked = int(raw)
+            except ValueError:
+                asked = None  # a malformed header is ignored, as if absent
+        # ``req.priority`` defaults to 0: only a value the client (or a simulated workload)
+        # actually set counts as a wish, so a tier with a negative priority keeps it.
+        if asked is None and (req.priority != 0 or "priority" in req.body):
+            asked = req.priority
+        return asked if asked is not None and asked > prio else prio
+
+    def _predicted(self, prio: int) -> float:
+        """Seconds until the requests queued at a priority ≤ ``prio`` have been dispatched,
+        at the rate observed in the current backlog (0 without an estimate)."""
+        if not self._samples:
+            return 0.0
+        ahead = 0
+        for p, level in self._levels.items():
+            if p <= prio:
+                ahead += level.count
+        return ahead * self._interval
+
+    def _evict_for(self, prio: int, pool: Pool) -> bool:
+        """Make room for a newcomer of priority ``prio`` by displacing the most recent
+        waiter of the worst priority, if that is worse than ``prio``."""
+        if not self._levels:
+            return False  # nothing queued at all: ``max_queue`` is 0
+        worst = max(self._levels)
+        if worst <= prio:
+            return False
+        victim = self._levels[worst].tail
+        assert victim is not None
+        self._leave(victim)
+        if victim.future.done():
+            return True  # it was leaving anyway (cancelled, not yet unwound): room made
+        self.shed += 1
+        victim.future.set_exception(
+            self._reject(
+                GatewayError(
+                    503,
+                    f"The request was displaced from the queue of `{pool.name}` by "
+                    "higher-priority traffic; retry later.",
+                    type="server_error",
+                    code="shed",
+                    headers=_retry_after(self._predicted(worst)),
+                )
+            )
+        )
+        return True
+
+    def _enqueue(
+        self,
+        req: InferenceRequest,
+        tier: _Tier,
+        prio: int,
+        future: asyncio.Future[Ticket],
+        now: float,
+    ) -> _Waiter:
+        level = self._levels.get(prio)
+        if level is None:
+            level = self._levels[prio] = _Level(prio)
+        name = req.principal.tenant
+        tenant = level.tenants.get(name)
+        if tenant is None:
+            tenant = level.tenants[name] = _Tenant(name)
+        weight = self._weights.get(name, tier.weight)
+        cost = req.prompt_tokens + (req.max_tokens or self.options.default_output_tokens)
+        start = level.vtime if level.vtime > tenant.finish else tenant.finish
+        finish = start + cost / weight
+        tenant.finish = finish
+        tenant.queued += 1
+        waiter = _Waiter(req, future, tier, level, tenant, start, finish, now)
+        self._seq += 1
+        heappush(self._heap, (prio, finish, self._seq, waiter))
+        # All waiters, by arrival.
+        tail = self._tail
+        waiter.g_prev = tail
+        if tail is None:
+            self._head = waiter
+        else:
+            tail.g_next = waiter
+        self._tail = waiter
+        # The level's, by arrival.
+        ltail = level.tail
+        waiter.l_prev = ltail
+        if ltail is None:
+            level.head = waiter
+        else:
+            ltail.l_next = waiter
+        level.tail = waiter
+        level.count += 1
+        tier.queued += 1
+        if not self._count:
+            self._mark = now  # a backlog starts: a new rate estimate with it
+            self._samples = 0
+        self._count += 1
+        return waiter
+
+    def _unqueue(self, waiter: _Waiter, state: int) -> None:
+        """Take ``waiter`` off every structure but the heap (its entry goes stale there)."""
+        waiter.state = state
+        self._count -= 1
+        waiter.tier.queued -= 1
+        prev, nxt = waiter.g_prev, waiter.g_next
+        if prev is None:
+            self._head = nxt
+        else:
+            prev.g_next = nxt
+        if nxt is None:
+            self._tail = prev
+        else:
+            nxt.g_prev = prev
+        waiter.g_prev = waiter.g_next = None
+        level = waiter.level
+        prev, nxt = waiter.l_prev, waiter.l_next
+        if prev is None:
+            level.head = nxt
+        else:
+            prev.l_next = nxt
+        if nxt is None:
+            level.tail = prev
+        else:
+            nxt.l_prev = prev
+        waiter.l_prev = waiter.l_next = None
+        level.count -= 1
+        tenant = waiter.tenant
+        tenant.queued -= 1
+        if not level.count:
+            # The level went idle: its virtual time and tenants start afresh (as in SFQ), so
+            # no state outlives a backlog.
+            del self._levels[level.priority]
+            if not self._count:
+                self._mark = None
+                self._samples = 0
+                self._pins_stalled = False
+            return
+        if not tenant.queued:
+            self._retire(level, tenant)
+
+    @staticmethod
+    def _retire(level: _Level, tenant: _Tenant) -> None:
+        """Forget an idle tenant once its finish tag is behind the level's virtual time
+        (it could not claim anything more from its history), or watch until it is."""
+        if tenant.finish <= level.vtime:
+            if level.tenants.get(tenant.name) is tenant:
+                del level.tenants[tenant.name]
+        elif not tenant.in_idle:
+            tenant.idle_key = tenant.finish
+            tenant.in_idle = True
+            heappush(level.idle, tenant)
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """A waiter leaves without a slot (timed out, cancelled, shed). Idempotent."""
+        if waiter.state != _QUEUED:
+            return
+        tenant = waiter.tenant
+        if tenant.finish == waiter.finish:
+            tenant.finish = waiter.start  # not served: its tenant is not charged for it
+        self._unqueue(waiter, _LEFT)
+        heap = self._heap
+        if len(heap) > 2 * self._count + 64:
+            # Mostly stale entries: rebuild in place (the dispatch loop may hold the list).
+            heap[:] = [e for e in heap if e[3].state == _QUEUED]
+            heapify(heap)
+
+    def _dispatch(self, pool: Pool) -> None:
+        """Give slots to the best waiters while the pool has room for them."""
+        now = asyncio.get_running_loop().time()
+        heap = self._heap
+        aging = self._aging_s
+        held: list[tuple[int, float, int, _Waiter]] | None = None
+        missed: list[_Waiter] | None = None
+        stalled = False
+        while self._count:
+            waiter: _Waiter | None = None
+            from_heap = False
+            if aging is not None:
+                w = self._head
+                while w is not None and now - w.enqueued >= aging:
+                    if not w.missed:
+                        waiter = w
+                        break
+                    w = w.g_next
+            if waiter is None:
+                while heap:
+                    entry = heap[0]
+                    w = entry[3]
+                    if w.state != _QUEUED:
+                        heappop(heap)
+                    elif w.missed:
+                        heappop(heap)
+                        if held is None:
+                            held = []
+                        held.append(entry)
+                    else:
+                        waiter = w
+                        from_heap = True
+                        break
+                if waiter is None:
+                    break  # only waiters that could not be placed this round are left
+            if waiter.future.done():  # cancelled or timed out, not yet unwound
+                self._leave(waiter)
+                continue
+            ticket = pool.try_dispatch(waiter.request, now)
+            if ticket is None:
+                if waiter.request.version is None:
+                    stalled = False
+                    break  # no room for anyone
+                # Pinned to a version without room; others may still fit elsewhere.
+                waiter.missed = stalled = True
+                if missed is None:
+                    missed = []
+                missed.append(waiter)
+                if len(missed) >= _LOOKAHEAD:
+                    break
+                continue
+            self._take(waiter, from_heap, now)
+            waiter.future.set_result(ticket)
+        if missed is not None:
+            for w in missed:
+                w.missed = False
+        if held is not None:
+            for entry in held:
+                if entry[3].state == _QUEUED:
+                    heappush(heap, entry)
+        self._pins_stalled = stalled and self._count > 0
+
+    def _take(self, waiter: _Waiter, from_heap: bool, now: float) -> None:
+        """``waiter`` got a slot: account for it and take it off the queue."""
+        level = waiter.level
+        if from_heap:
+            heappop(self._heap)
+            if waiter.start > level.vtime:
+                level.vtime = waiter.start
+        # else: aged out of order; the level's virtual time stays where fair order left it.
+        mark = self._mark
+        if mark is not None:
+            interval = now - mark
+            self._samples += 1
+            alpha = max(_ALPHA, 1.0 / self._samples)  # a running mean first, then an EWMA
+            self._interval += alpha * (interval - self._interval)
+            self._mark = now
+        self._unqueue(waiter, _DISPATCHED)
+        if from_heap and level.count:
+            idle = level.idle
+            vtime = level.vtime
+            while idle and idle[0].idle_key <= vtime:
+                tenant = heappop(idle)
+                tenant.in_idle = False
+                if not tenant.queued:
+                    self._retire(level, tenant)
+
+
+@hookimpl
+def register_schedulers(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "priority",
+        PriorityScheduler,
+        options=PriorityOptions,
+        description=(
+            "Priority levels by tier, token-fair shares between tenants by weight, aging, "
+            "and admission control (queue limits, shedding, predicted waits, deadlines)."
+        ),
+    )
