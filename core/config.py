@@ -143,7 +143,7 @@ class LoadConfig(_Strict):
     adaptive_concurrency: bool = True
     """Tighten an endpoint's concurrency limit while its engine reports a backlog (more than
     ``max_engine_waiting`` waiting, or KV usage above ``max_kv_usage``), and widen it again
-    when the backlog clears, so requests queue in the gateway where priorities apply."""
+    when the engine's queue is empty, so requests queue in the gateway where priorities apply."""
     max_engine_waiting: int = Field(2, ge=0)
     """Requests the engine may hold waiting before the limit tightens."""
     max_kv_usage: float = Field(0.95, gt=0, le=1)

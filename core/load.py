@@ -66,7 +66,11 @@ def adapt_limit(e: EndpointState, snap: EndpointLoad, cfg: LoadConfig) -> bool:
 
     Backlog (more than ``max_engine_waiting`` waiting in the engine, or KV usage above
     ``max_kv_usage``): cut the limit to what is in flight minus the excess, so the excess
-    waits in the gateway instead. No backlog while the limit binds: widen it by an eighth.
+    waits in the gateway instead. An empty engine queue while the limit binds: widen it by a
+    sixteenth. Between the two (a few waiting) it holds: widening whenever the backlog is
+    under the threshold overshoots by a whole step every other poll, and the overshoot waits
+    in the engine's first-come queue ahead of higher-priority requests the gateway would
+    have sent first.
     """
     if not cfg.adaptive_concurrency:
         return False
@@ -80,8 +84,8 @@ def adapt_limit(e: EndpointState, snap: EndpointLoad, cfg: LoadConfig) -> bool:
         return False
     if e.limit == 0 or e.limit >= ceiling:
         return False
-    if e.in_flight >= e.limit - 1:
-        e.limit = min(ceiling, e.limit + max(1, e.limit // 8))
+    if snap.waiting == 0 and e.in_flight >= e.limit - 1:
+        e.limit = min(ceiling, e.limit + max(1, e.limit // 16))
         if e.limit >= ceiling and e.max_concurrency == 0:
             e.limit = 0  # back to "no gateway-side limit"
         return True

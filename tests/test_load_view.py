@@ -62,7 +62,11 @@ def test_backlog_tightens_the_limit_and_it_widens_again() -> None:
     e.in_flight = 20
     assert adapt_limit(e, EndpointLoad(running=20, waiting=2), cfg) is False  # at the threshold
     assert e.limit == 32  # and not binding: unchanged
-    # No backlog and the limit binds: grow by an eighth, up to the ceiling, then unlimited.
+    # A little backlog (under the threshold) while the limit binds: hold.
+    e.in_flight = 32
+    assert adapt_limit(e, EndpointLoad(running=31, waiting=1), cfg) is False
+    assert e.limit == 32
+    # An empty engine queue and the limit binds: grow, up to the ceiling, then unlimited.
     grew = 0
     while e.limit:
         e.in_flight = e.limit

@@ -593,3 +593,55 @@ def test_registered_as_priority() -> None:
     assert factory is PriorityScheduler and kwargs["options"] is PriorityOptions
     assert kwargs["description"]
     assert isinstance(factory(None), PriorityScheduler)
+
+
+# -- max_share: headroom for higher tiers ---------------------------------------------------
+
+
+async def test_max_share_caps_a_tier_and_keeps_headroom() -> None:
+    pool, s = _pool([5, 5], tiers={"free": TierPolicy(priority=2, max_share=0.6), "premium": TierPolicy()})
+    # 60% of 10 slots: the 7th free request waits although slots are free.
+    free = [await s.admit(_req(i, tier="free"), pool) for i in range(6)]
+    waiting = await _queue(s, pool, [_req(6, tier="free")])
+    assert sum(e.in_flight for e in pool.endpoints) == 6
+    # Premium traffic still finds slots at once.
+    premium = [await s.admit(_req(10 + i, tier="premium"), pool) for i in range(4)]
+    assert sum(e.in_flight for e in pool.endpoints) == 10
+    assert not waiting[0].done()
+    # A free request finishing lets the waiting one in (still at most 6 free in flight).
+    s.release(free[0], OK)
+    t = await waiting[0]
+    assert s.snapshot()["in_flight"]["free"] == 6  # type: ignore[index]
+    for ticket in [*free[1:], t, *premium]:
+        s.release(ticket, OK)
+    assert s.snapshot()["in_flight"] == {"default": 0, "free": 0, "premium": 0}
+
+
+async def test_max_share_does_not_apply_without_limits() -> None:
+    pool, s = _pool([0, 0], tiers={"free": TierPolicy(max_share=0.1)})
+    tickets = [await s.admit(_req(i, tier="free"), pool) for i in range(20)]
+    assert s.queued == 0 and len(tickets) == 20
+
+
+async def test_headroom_leaves_slots_for_better_tiers() -> None:
+    pool, s = _pool([5, 5], tiers={"free": TierPolicy(priority=2, headroom=0.3), "premium": TierPolicy()})
+    premium = [await s.admit(_req(i, tier="premium"), pool) for i in range(2)]
+    # 10 slots, 30% kept free: free requests may fill up to 7 in flight, premium's included.
+    free = [await s.admit(_req(10 + i, tier="free"), pool) for i in range(5)]
+    waiting = await _queue(s, pool, [_req(20, tier="free")])
+    assert sum(e.in_flight for e in pool.endpoints) == 7
+    more = [await s.admit(_req(30 + i, tier="premium"), pool) for i in range(3)]
+    assert sum(e.in_flight for e in pool.endpoints) == 10
+    # Premium leaving makes room for the waiting free request only once 30% would stay free.
+    s.release(more[0], OK)
+    s.release(more[1], OK)
+    await asyncio.sleep(0)
+    assert not waiting[0].done()
+    s.release(more[2], OK)
+    await asyncio.sleep(0)
+    assert not waiting[0].done()  # 7 of 10 busy: one more would leave only 20% free
+    s.release(premium[0], OK)
+    t = await waiting[0]
+    for ticket in [premium[1], *free, t]:
+        s.release(ticket, OK)
+    assert s.queued == 0 and sum(e.in_flight for e in pool.endpoints) == 0

@@ -10,9 +10,10 @@ virtual time moves to the start tag of what it dispatched. One heap, keyed by
 ``(priority, finish, arrival)``, orders every waiter. A request that has waited ``aging_s``
 goes ahead of everything, so low priorities are never starved.
 
-Version pinning: when the best waiter is pinned to a version with no free slot, up to
-``_LOOKAHEAD`` further waiters are tried before dispatch stops; a pool whose queue head holds
-more pinned waiters than that waits for the next release (a bounded head-of-line block).
+Waiters that cannot go although slots are free (pinned to a version without room, or of a
+tier over its ``max_share``) are skipped: up to ``_LOOKAHEAD`` further waiters are tried
+before a dispatch round stops, and every arrival and release runs a round, so a queue head
+of such waiters is a bounded head-of-line block.
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ class TierPolicy(Options):
     scheduler's global ``max_queue`` applies."""
     max_wait_s: float | None = Field(None, gt=0)
     """Longest a request of this tier may wait; ``None``: the scheduler's ``max_wait_s``."""
+    max_share: float | None = Field(None, gt=0, le=1)
+    """Most of the pool's concurrency (the sum of its endpoints' limits) this tier's requests
+    may hold at once; beyond it they wait (and are shed by the wait limits) even while
+    slots are free, which keeps headroom for higher tiers and keeps engines out of the
+    saturated regime where a newcomer waits behind a full batch. Applies only while every
+    endpoint has a limit (``max_concurrency``, or an adaptive limit in force after the
+    engines reported a backlog). ``None``: no cap."""
+    headroom: float | None = Field(None, gt=0, lt=1)
+    """Share of the pool's concurrency this tier leaves to better tiers: its requests are
+    dispatched only while, after taking a slot, more than this share of all slots stays
+    free. Unlike ``max_share`` it follows the better tiers' own use: with ``headroom: 0.1``
+    a free tier may fill 90% of the slots, minus whatever premium traffic holds. Applies
+    under the same condition as ``max_share``. ``None``: none."""
     client_priority: bool = False
     """Let clients of this tier ask for a worse (larger) priority, with the body field
     ``priority`` or the ``x-shuniu-priority`` header (the header wins). A better one than
@@ -98,7 +112,18 @@ class PriorityOptions(Options):
 
 
 class _Tier:
-    __slots__ = ("client_priority", "max_queue", "max_wait_s", "name", "priority", "queued", "weight")
+    __slots__ = (
+        "client_priority",
+        "headroom",
+        "in_flight",
+        "max_queue",
+        "max_share",
+        "max_wait_s",
+        "name",
+        "priority",
+        "queued",
+        "weight",
+    )
 
     def __init__(self, name: str, policy: TierPolicy, max_wait_s: float) -> None:
         self.name = name
@@ -107,7 +132,29 @@ class _Tier:
         self.max_queue = policy.max_queue
         self.max_wait_s = policy.max_wait_s if policy.max_wait_s is not None else max_wait_s
         self.client_priority = policy.client_priority
+        self.max_share = policy.max_share
+        self.headroom = policy.headroom
         self.queued = 0
+        self.in_flight = 0
+        """Requests of this tier holding a slot (for ``max_share``)."""
+
+    def has_room(self, pool: Pool) -> bool:
+        """Under ``max_share`` of the pool's current concurrency limits, and leaving
+        ``headroom`` of them free."""
+        share = self.max_share
+        headroom = self.headroom
+        if share is None and headroom is None:
+            return True
+        total = busy = 0
+        for e in pool.endpoints:
+            if e.healthy and not e.draining:
+                if e.limit == 0:
+                    return True  # an endpoint without a limit: no contention to share
+                total += e.limit
+                busy += e.in_flight
+        if share is not None and self.in_flight >= share * total:
+            return False
+        return headroom is None or busy + 1 <= (1.0 - headroom) * total
 
 
 class _Tenant:
@@ -216,9 +263,6 @@ class PriorityScheduler:
         self._count = 0
         self._head: _Waiter | None = None
         self._tail: _Waiter | None = None
-        self._pins_stalled = False
-        """The last dispatch round may have stopped on pinned waiters while other versions
-        had room: an arrival then runs a round instead of just queueing."""
         # Dispatch-rate estimate, from the queue's own dispatches during the current backlog
         # only: an idle pool has no rate to speak of, and a burst starts with no estimate.
         self._mark: float | None = None
@@ -251,9 +295,10 @@ class PriorityScheduler:
                     headers=_retry_after(1),
                 )
             )
-        if not self._count:
+        if not self._count and tier.has_room(pool):
             ticket = pool.try_dispatch(req, now)
             if ticket is not None:
+                tier.in_flight += 1
                 return ticket
         if not pool.has_healthy(req.version):
             raise self._reject(no_healthy_endpoint(pool.name))
@@ -298,11 +343,10 @@ class PriorityScheduler:
             )
 
         waiter = self._enqueue(req, tier, prio, loop.create_future(), now)
-        stalled = self._pins_stalled
-        if req.version is not None:
-            self._pins_stalled = True
-        if stalled:
-            self._dispatch(pool)
+        # Run a round now: the newcomer may be able to go ahead of waiters that cannot (a
+        # tier over its share, a version without room). Cheap when nothing fits: the first
+        # failed dispatch ends it.
+        self._dispatch(pool)
         try:
             # asyncio.timeout, not wait_for, which on 3.11 can lose a racing cancellation.
             async with asyncio.timeout_at(now + limit):
@@ -344,8 +388,10 @@ class PriorityScheduler:
             raise
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
-        if ticket.pool.free(ticket, outcome) and self._count:
-            self._dispatch(ticket.pool)
+        if ticket.pool.free(ticket, outcome):
+            self._tiers.get(ticket.request.principal.tier, self._default).in_flight -= 1
+            if self._count:
+                self._dispatch(ticket.pool)
 
     def wake(self, pool: Pool) -> None:
         if self._count:
@@ -361,6 +407,7 @@ class PriorityScheduler:
         return {
             "queued": self._count,
             "tiers": {name: t.queued for name, t in self._tiers.items()},
+            "in_flight": {name: t.in_flight for name, t in self._tiers.items()},
             "priorities": {p: lvl.count for p, lvl in sorted(self._levels.items())},
             "tenants": sum(len(lvl.tenants) for lvl in self._levels.values()),
             "oldest_wait_s": now - head.enqueued if head is not None and now is not None else None,
@@ -519,7 +566,6 @@ class PriorityScheduler:
             if not self._count:
                 self._mark = None
                 self._samples = 0
-                self._pins_stalled = False
             return
         if not tenant.queued:
             self._retire(level, tenant)
@@ -557,7 +603,6 @@ class PriorityScheduler:
         aging = self._aging_s
         held: list[tuple[int, float, int, _Waiter]] | None = None
         missed: list[_Waiter] | None = None
-        stalled = False
         while self._count:
             waiter: _Waiter | None = None
             from_heap = False
@@ -588,13 +633,14 @@ class PriorityScheduler:
             if waiter.future.done():  # cancelled or timed out, not yet unwound
                 self._leave(waiter)
                 continue
-            ticket = pool.try_dispatch(waiter.request, now)
+            over_share = not waiter.tier.has_room(pool)
+            ticket = None if over_share else pool.try_dispatch(waiter.request, now)
             if ticket is None:
-                if waiter.request.version is None:
-                    stalled = False
+                if waiter.request.version is None and not over_share:
                     break  # no room for anyone
-                # Pinned to a version without room; others may still fit elsewhere.
-                waiter.missed = stalled = True
+                # Pinned to a version without room, or its tier is over its share; others
+                # may still fit.
+                waiter.missed = True
                 if missed is None:
                     missed = []
                 missed.append(waiter)
@@ -602,6 +648,7 @@ class PriorityScheduler:
                     break
                 continue
             self._take(waiter, from_heap, now)
+            waiter.tier.in_flight += 1
             waiter.future.set_result(ticket)
         if missed is not None:
             for w in missed:
@@ -610,7 +657,6 @@ class PriorityScheduler:
             for entry in held:
                 if entry[3].state == _QUEUED:
                     heappush(heap, entry)
-        self._pins_stalled = stalled and self._count > 0
 
     def _take(self, waiter: _Waiter, from_heap: bool, now: float) -> None:
         """``waiter`` got a slot: account for it and take it off the queue."""
