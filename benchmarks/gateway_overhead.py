@@ -168,6 +168,8 @@ DEPLOYMENT = """\
 gateway: {{host: 127.0.0.1, port: 0}}
 models:
   {model}:
+    balancer: {{policy: {balancer}}}
+    scheduler: {{policy: {scheduler}}}
     endpoints:
       - kind: openai
         options: {{base_url: "http://127.0.0.1:{port}/v1", model: "{model}"}}
@@ -349,7 +351,8 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
             f"c={meta['concurrency']}, {meta['duration_s']:g} s per saturation phase, "
             f"{meta['requests']} c=1 requests, max_tokens {meta['max_tokens']}, "
             f"load generator: {meta['engines']}, {meta['cpus']} CPUs, "
-            f"machine {100 * meta['busy_before']:.0f}% busy before start. "
+            f"machine {100 * meta['busy_before']:.0f}% busy before start; "
+            f"balancer {meta['balancer']}, scheduler {meta['scheduler']}. "
             f"*ref: a bare aiohttp reverse proxy on uvloop, same machines (DESIGN.md). "
             "RSS growth: run end minus the previous run's end."
         ),
@@ -422,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens (= streamed chunks) per response")
     parser.add_argument("--runs", type=int, default=2, help="runs against the same gateway (default 2)")
     parser.add_argument("--engine", choices=["auto", "wrk", "python"], default="auto")
+    parser.add_argument("--balancer", default="round_robin", help="balancer policy of the gateway's pool")
+    parser.add_argument("--scheduler", default="priority", help="scheduler policy of the gateway's pool")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every number to OUT")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -469,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
                     30,
                 )
                 deployment = tmpdir / "deployment.yaml"
-                deployment.write_text(DEPLOYMENT.format(model=MODEL, port=upstream.port))
+                deployment.write_text(
+                    DEPLOYMENT.format(
+                        model=MODEL, port=upstream.port, balancer=args.balancer, scheduler=args.scheduler
+                    )
+                )
                 gateway = children.start(
                     "gateway",
                     [*_shuniu_command(), "serve", str(deployment), "--port", "0"],
@@ -503,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         "engines": "+".join(engines) + " (c=64), python (c=1)",
         "cpus": os.cpu_count(),
         "busy_before": round(busy, 3),
+        "balancer": args.balancer,
+        "scheduler": args.scheduler,
     }
     console.print(render(summary, ok, meta))
     for i, s in enumerate(summary, 1):

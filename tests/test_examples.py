@@ -64,3 +64,22 @@ def test_openai_upstream_example_serves(gateway_factory, instant_upstream: str) 
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
     completion = client.completions.create(model="chat", prompt="x", max_tokens=3)
     assert completion.choices[0].text == "tok" * 3
+
+
+def test_tiers_and_routing_example_simulates() -> None:
+    """The routing example in virtual time: the free tier lands on the small pool only,
+    long prompts on the long pool, and the canary gets a share of the rest."""
+    from shuniu.backends.sim.simulate import simulate
+    from shuniu.backends.sim.workload import load_workload
+
+    plugins = load_plugins()
+    resolved = load_deployment(ROOT / "examples" / "tiers_and_routing.yaml", plugins, env={})
+    workload = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml")
+    result = simulate(resolved, plugins, workload, duration=40, seed=3)
+    per = result.per_endpoint
+    small = sum(per[f"chat-small-{i}"]["completed"] for i in range(2))
+    assert result.tiers["free"].completed > 0
+    assert small == result.tiers["free"].completed
+    main = [per[f"chat-{i}"]["completed"] for i in range(4)]
+    assert all(n > 0 for n in main)  # three v1 replicas and the v2 canary all served
+    assert result.rejected == 0

@@ -79,8 +79,9 @@ class PriorityOptions(Options):
     """Options of the ``priority`` scheduler."""
 
     tiers: dict[str, TierPolicy] = Field(default_factory=dict)
-    """Tier name → policy. A tier ``default`` (priority 0, weight 1) exists even when not
-    listed here; listing it overrides it."""
+    """Tier name → policy. A tier ``default`` (priority 0, weight 1, ``client_priority``
+    on, so an unconfigured gateway passes a client's own, worse, priority on to the engine)
+    exists even when not listed here; listing it overrides it."""
     default_tier: str = "default"
     """Tier applied to requests whose tier is not in ``tiers``."""
     max_queue: int = Field(1024, ge=0)
@@ -252,7 +253,7 @@ class PriorityScheduler:
 
     def __init__(self, options: PriorityOptions | None = None) -> None:
         self.options = opts = options or PriorityOptions()
-        policies = {"default": TierPolicy(), **opts.tiers}
+        policies = {"default": TierPolicy(client_priority=True), **opts.tiers}
         self._tiers = {name: _Tier(name, p, opts.max_wait_s) for name, p in policies.items()}
         self._default = self._tiers[opts.default_tier]
         self._weights = opts.tenant_weights
