@@ -154,3 +154,23 @@ def test_options_are_checked() -> None:
         PrefixAffinityOptions(block_tokens=0)
     with pytest.raises(ValidationError):
         PrefixAffinityOptions(blocks=3)  # type: ignore[call-arg]
+
+
+def test_sparse_match_agrees_with_match() -> None:
+    import random
+
+    rng = random.Random(5)
+    eps = _endpoints(12)
+    idx = PrefixIndex(10_000)
+    prompts = [[rng.randrange(4) for _ in range(16 * 6)] for _ in range(40)]
+    for p in prompts:
+        idx.record(prefix_hashes(_ids(p), 256, 16)[: rng.randrange(1, 7)], rng.choice(eps))
+    for p in prompts:
+        hashes = prefix_hashes(_ids(p), 256, 16)
+        subset = rng.sample(eps, 7)
+        mask = 0
+        for e in subset:
+            mask |= 1 << e.index
+        dense = idx.match(hashes, subset)
+        sparse = idx.match_sparse(hashes, mask)
+        assert {e.index: d for e, d in zip(subset, dense, strict=True) if d} == sparse

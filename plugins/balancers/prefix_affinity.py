@@ -74,28 +74,39 @@ class PrefixAffinity:
         o = self.options
         hashes = prefix_hashes(req, o.block_chars, o.block_tokens)
         w = self.weights
-        loads = [load_score(e, w) for e in endpoints]
+        # One pass: every candidate's load, the least loaded (scanning from a rotating start
+        # so ties share), and the bit mask of candidates for the prefix match.
         start = self._turn % n
         self._turn = start + 1
-        least = start
-        for k in range(1, n):
-            i = (start + k) % n
-            if loads[i] < loads[least]:
-                least = i
+        loads: dict[int, float] = {}
+        alive = 0
+        least = endpoints[start]
+        least_load = load_score(least, w)
+        for k in range(n):
+            e = endpoints[(start + k) % n]
+            x = load_score(e, w) if k else least_load
+            loads[e.index] = x
+            alive |= 1 << e.index
+            if x < least_load:
+                least, least_load = e, x
         chosen = least
         if hashes:
-            depths = self.index.match(hashes, endpoints)
-            best = least
-            for i in range(n):
-                if depths[i] > depths[best] or (depths[i] == depths[best] and loads[i] < loads[best]):
-                    best = i
-            if depths[best] >= o.min_match_blocks:
-                extra = loads[best] - loads[least]
-                if extra <= o.balance_abs or loads[best] + 1.0 <= o.balance_rel * (loads[least] + 1.0):
-                    chosen = best
-        endpoint = endpoints[chosen]
-        self.index.record(hashes, endpoint)
-        return endpoint
+            depths = self.index.match_sparse(hashes, alive)
+            if depths:
+                best_i = -1
+                best_depth = 0
+                for i, d in depths.items():
+                    if d > best_depth or (d == best_depth and loads[i] < loads[best_i]):
+                        best_i, best_depth = i, d
+                if best_depth >= o.min_match_blocks:
+                    extra = loads[best_i] - least_load
+                    if extra <= o.balance_abs or loads[best_i] + 1.0 <= o.balance_rel * (least_load + 1.0):
+                        for e in endpoints:
+                            if e.index == best_i:
+                                chosen = e
+                                break
+        self.index.record(hashes, chosen)
+        return chosen
 
 
 class PrefixScorer:

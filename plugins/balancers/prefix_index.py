@@ -57,6 +57,38 @@ class PrefixIndex:
             depth += 1
         return [depth_of.get(1 << e.index, depth if alive >> e.index & 1 else 0) for e in endpoints]
 
+    def match_sparse(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
+        """Endpoint index → matched leading blocks, for the endpoints in the bit mask
+        ``alive`` that match at least one block (the cheap form of :meth:`match` for pools
+        with many endpoints, where few match)."""
+        table = self._table
+        depth_of: dict[int, int] = {}
+        if not hashes or not table:
+            return depth_of
+        depth = 0
+        for h in hashes:
+            mask = table.get(h)
+            if mask is None:
+                break
+            still = alive & mask
+            if still != alive:
+                gone = alive & ~still
+                if depth:
+                    while gone:
+                        bit = gone & -gone
+                        depth_of[bit.bit_length() - 1] = depth
+                        gone ^= bit
+                alive = still
+                if not alive:
+                    break
+            depth += 1
+        if depth:
+            while alive:
+                bit = alive & -alive
+                depth_of[bit.bit_length() - 1] = depth
+                alive ^= bit
+        return depth_of
+
     def record(self, hashes: Sequence[int], endpoint: EndpointState) -> None:
         """``endpoint`` now holds these blocks (it was sent the prompt)."""
         if not hashes:
