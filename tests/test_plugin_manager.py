@@ -42,7 +42,7 @@ BALANCERS = {
     "least_load",
     "prefix_affinity",
 }
-BUILTINS = {"sim", "openai", "fifo", "priority", "locality", *BALANCERS}
+BUILTINS = {"sim", "openai", "vllm", "fifo", "priority", "locality", *BALANCERS}
 
 
 @pytest.fixture(autouse=True)
@@ -215,7 +215,7 @@ def test_disabled_backend_is_an_unknown_kind(monkeypatch: pytest.MonkeyPatch) ->
         load_deployment(None, load_plugins(), text=textwrap.dedent(text))
     [problem] = info.value.problems
     assert problem.path == "models.m.endpoints[0].kind"
-    assert problem.message == "unknown backend 'openai'; registered: sim"
+    assert problem.message == "unknown backend 'openai'; registered: sim, vllm"
 
 
 # -- broken plugins -------------------------------------------------------------------------
@@ -382,7 +382,7 @@ def test_unknown_names_list_what_is_registered(fake_site: Path) -> None:
         "unknown scheduler 'edf'; registered: fifo, priority" + failed_note
     )
     assert problems["models.chat.endpoints[1].kind"].message == (
-        "unknown backend 'vllm-turbo'; registered: openai, sim" + failed_note
+        "unknown backend 'vllm-turbo'; registered: openai, sim, vllm" + failed_note
     )
     # With line numbers, for `shuniu validate`.
     assert problems["models.chat.balancer.policy"].line == 4

@@ -1,0 +1,236 @@
+"""Forwarding to a remote ``vllm serve`` and reading its own load from ``/metrics``.
+
+The request path is the ``openai`` backend's (pooled keep-alive aiohttp connections, error
+mapping, SSE parsing, usage always requested); this subclass only changes the body it
+forwards (served model name, ``priority``, ``cache_salt``) and adds what a vLLM server has
+beyond the OpenAI API: ``/health``, ``/metrics`` and the served model's ``max_model_len``
+in ``/v1/models``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import aiohttp
+import msgspec
+
+from shuniu.backends.openai.backend import OpenAIBackend
+from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.vllm.metrics import parse_vllm_metrics
+from shuniu.backends.vllm.options import VllmOptions
+from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.types import EndpointLoad, Health, InferenceRequest
+
+__all__ = ["ProbeError", "VllmBackend", "choose_model", "tenant_salt"]
+
+_PROCESS_SECRET = secrets.token_bytes(32)
+"""The ``cache_salt`` key when no ``cache_salt_secret`` is configured: one per process, so
+every endpoint of a gateway agrees, but two gateways (or one restarted) do not."""
+
+_MAX_SALTS = 65536
+"""Salts remembered per endpoint before the memo is emptied (an open gateway taking tenants
+from headers could otherwise grow it without bound)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as a health detail: its type, and its message when it has one (a
+    TimeoutError has none)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class ProbeError(RuntimeError):
+    """A ``/health``, ``/metrics`` or ``/v1/models`` probe got a non-200 answer."""
+
+
+def tenant_salt(key: bytes, tenant: str) -> str:
+    """The ``cache_salt`` of ``tenant``: a 256-bit keyed BLAKE2b, hex (64 characters; vLLM
+    takes up to 128, and recommends 256 bits). Stable for a key, and neither reversible nor
+    guessable without it, so a tenant's salt does not reveal, or let anyone forge, another's."""
+    return hashlib.blake2b(tenant.encode(), key=key, digest_size=32, person=b"shuniu-salt").hexdigest()
+
+
+def choose_model(
+    entries: list[dict[str, Any]], configured: str | None, public: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The ``/v1/models`` entry this endpoint serves, or ``None`` and the reason.
+
+    ``configured`` (``options.model``) must be listed. Without it: the pool's ``public`` name
+    if the server serves it, else the server's only model (several names with one ``root``
+    are aliases of one model, as vLLM lists ``--served-model-name a b``).
+    """
+    ids = [e["id"] for e in entries]
+    if configured is not None:
+        for entry in entries:
+            if entry["id"] == configured:
+                return entry, None
+        return None, f"the server serves {', '.join(ids) or 'no models'}, not {configured!r} (options.model)"
+    for entry in entries:
+        if entry["id"] == public:
+            return entry, None
+    if not entries:
+        return None, "the server lists no models in /v1/models"
+    if len({e.get("root") or e["id"] for e in entries}) == 1:
+        return entries[0], None
+    return None, f"the server serves several models ({', '.join(ids)}); set options.model"
+
+
+class VllmBackend(OpenAIBackend):
+    kind: ClassVar[str] = "vllm"
+
+    def __init__(self, spec: EndpointSpec) -> None:
+        opts = spec.options
+        assert isinstance(opts, VllmOptions)
+        # The openai backend forwards to an API root; ours is the server root (for /health
+        # and /metrics), so it gets its own options with every field it knows, at /v1.
+        api = OpenAIOptions.model_validate(
+            {
+                **{name: getattr(opts, name) for name in OpenAIOptions.model_fields},
+                "base_url": f"{opts.base_url}/v1",
+                "health_path": "/models",
+            }
+        )
+        super().__init__(replace(spec, options=api))
+        self.vllm_options = opts
+        self.public_model = spec.model
+        self._models_url = f"{opts.base_url}/v1/models"
+        self._health_url = opts.base_url + opts.health_path
+        self._metrics_url = opts.base_url + opts.metrics_path
+        probe_headers = {**opts.headers, "accept": "*/*"}
+        if opts.api_key:
+            probe_headers["authorization"] = f"Bearer {opts.api_key}"
+        # prometheus_client gzips /metrics when asked, and the session does not decompress
+        # (auto_decompress=False, right for proxying): ask for the plain page.
+        probe_headers["accept-encoding"] = "identity"
+        self._probe_headers = probe_headers
+        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
+        self.served_model: str | None = None
+        """The upstream model name once ``/v1/models`` confirmed it."""
+        self.model_problem: str | None = None
+        """Why ``/v1/models`` did not settle the served model (health reports it)."""
+        self._send_model = opts.model or spec.model  # until /v1/models says otherwise
+        self._probed = False
+        self._forward_priority = opts.forward_priority
+        self._salt_key: bytes | None = None
+        if opts.cache_salt == "tenant":
+            secret = opts.cache_salt_secret
+            key = secret.get_secret_value().encode() if secret is not None else _PROCESS_SECRET
+            # BLAKE2b takes keys of up to 64 bytes; a longer secret is hashed down to one.
+            self._salt_key = key if len(key) <= 64 else hashlib.blake2b(key).digest()
+        self._salts: dict[str, str] = {}
+
+    # -- lifecycle and probes ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the connection pool and read the served model (and ``max_model_len``) from
+        ``/v1/models``. A server that is not up yet is not an error: health checks keep the
+        endpoint out of balancing and read ``/v1/models`` once the server answers."""
+        self._probed = False
+        await super().start()  # asks _probe_max_model_len only when max_model_len is unknown
+        if not self._probed:
+            await self._probe_quietly()
+
+    async def _probe_max_model_len(self) -> int | None:
+        # The openai backend's start-up hook: one /v1/models read gives the model name too.
+        await self._probe_quietly()
+        return self.max_model_len
+
+    async def _probe_quietly(self) -> None:
+        self._probed = True
+        try:
+            await self.discover()
+        except ProbeError as exc:
+            self.model_problem = str(exc)
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            self.model_problem = f"GET /v1/models: {_describe(exc)}"
+
+    async def discover(self) -> None:
+        """Read ``/v1/models``: settle the upstream model name and, unless configured, the
+        endpoint's ``max_model_len``. Raises on transport errors and non-200 answers."""
+        assert self._session is not None, "not started"
+        async with self._session.get(
+            self._models_url, headers=self._probe_headers, timeout=self._probe_timeout
+        ) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ProbeError(f"GET /v1/models: HTTP {resp.status}")
+        data = msgspec.json.decode(raw)
+        listed = data.get("data") if isinstance(data, dict) else None
+        entries = [e for e in listed or () if isinstance(e, dict) and isinstance(e.get("id"), str)]
+        entry, self.model_problem = choose_model(entries, self.vllm_options.model, self.public_model)
+        if entry is None:
+            return
+        self.served_model = self._send_model = entry["id"]
+        if self.max_model_len is None and isinstance(entry.get("max_model_len"), int):
+            self.max_model_len = entry["max_model_len"]
+
+    async def health(self) -> Health:
+        """``/health`` answers 200, and the served model is known (``/v1/models`` is read
+        until it is)."""
+        session = self._session
+        if session is None:
+            return Health(False, "not started")
+        try:
+            async with session.get(
+                self._health_url, headers=self._probe_headers, timeout=self._probe_timeout
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+            if status != 200:
+                text = body[:200].decode("utf-8", "replace").strip()
+                return Health(False, f"HTTP {status}: {text}" if text else f"HTTP {status}")
+            if self.served_model is None:
+                await self.discover()
+                if self.served_model is None:
+                    return Health(False, self.model_problem or "no served model")
+        except ProbeError as exc:
+            return Health(False, str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            return Health(False, _describe(exc))
+        return Health(True, "HTTP 200")
+
+    async def load(self) -> EndpointLoad:
+        """The engine's load from ``/metrics``. Raises when the page cannot be read or holds
+        no vLLM load series; the gateway then ages the last snapshot."""
+        session = self._session
+        if session is None:
+            raise ProbeError("not started")
+        async with session.get(
+            self._metrics_url, headers=self._probe_headers, timeout=self._probe_timeout
+        ) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ProbeError(f"GET {self.vllm_options.metrics_path}: HTTP {resp.status}")
+        return parse_vllm_metrics(raw)
+
+    # -- the request body -------------------------------------------------------------------
+
+    def salt(self, tenant: str) -> str:
+        """The ``cache_salt`` sent for ``tenant`` (memoised: one hash per tenant, not per
+        request)."""
+        salt = self._salts.get(tenant)
+        if salt is None:
+            assert self._salt_key is not None
+            if len(self._salts) >= _MAX_SALTS:
+                self._salts.clear()
+            salt = self._salts[tenant] = tenant_salt(self._salt_key, tenant)
+        return salt
+
+    def prepare_body(self, req: InferenceRequest) -> dict[str, Any]:
+        """The client's body as forwarded: served model name, ``priority`` and ``cache_salt``
+        set (or removed) by the options. A shallow copy; ``req.body`` is left alone."""
+        body = dict(req.body)
+        body["model"] = self._send_model
+        if self._forward_priority:
+            body["priority"] = req.priority
+        else:
+            body.pop("priority", None)
+        if self._salt_key is not None:
+            body["cache_salt"] = self.salt(req.principal.tenant)
+        return body
+
+    def _payload(self, req: InferenceRequest, stream: bool) -> bytes:
+        # The openai backend's body hook: it adds stream options and encodes.
+        return super()._payload(msgspec.structs.replace(req, body=self.prepare_body(req)), stream)
