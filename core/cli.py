@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -82,6 +83,11 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             source = "built-in quickstart" if resolved.source == QUICKSTART_NAME else resolved.source
             click.secho(f"shuniu {__version__} serving {source} on http://{shown}:{bound_port}", fg="green")
             click.echo(f"  models: {', '.join(resolved.deployment.models)}")
+            if gateway.engines:
+                click.echo(
+                    f"  engines: {len(gateway.engines)} launched, joining as they become ready; "
+                    f"watch them with: shuniu ps --url http://{shown}:{bound_port}"
+                )
             click.echo("  try:")
             url = f"http://{shown}:{bound_port}/v1/chat/completions"
             body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
@@ -181,8 +187,109 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
                 failed.add_row(f.name, f.distribution, f.version, f.error)
             console.print(failed)
 
+    @cli.command("ps")
+    @click.option(
+        "--url",
+        default="http://127.0.0.1:8000",
+        envvar="SHUNIU_URL",
+        show_default=True,
+        help="The gateway's address (or set SHUNIU_URL).",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway.")
+    @click.pass_context
+    def ps(ctx: click.Context, url: str, as_json: bool, timeout: float) -> None:
+        """Show the engines a running gateway launched (``launch:``), from its /ready."""
+        try:
+            body = _fetch_ready(url, timeout)
+        except (OSError, ValueError) as exc:
+            click.secho(f"cannot read {url.rstrip('/')}/ready: {exc}", fg="red", err=True)
+            ctx.exit(1)
+        engines = [
+            {
+                "model": model,
+                "endpoint": ep.get("name"),
+                "healthy": ep.get("healthy"),
+                "health_detail": ep.get("detail"),
+                **ep["launch"],
+            }
+            for model, view in (body.get("models") or {}).items()
+            for ep in view.get("endpoints") or ()
+            if isinstance(ep.get("launch"), dict)
+        ]
+        if as_json:
+            click.echo(json.dumps({"url": url, "status": body.get("status"), "engines": engines}, indent=2))
+            return
+        if not engines:
+            click.echo(f"{url}: no launched engines (gateway {body.get('status')})")
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"shuniu engines at {url} (gateway {body.get('status')})")
+        # Short columns never wrap; a narrow terminal folds the log path and the detail.
+        short = ("model", "endpoint", "state", "healthy", "pid", "port", "restarts", "last exit", "uptime")
+        for col in short:
+            table.add_column(col, no_wrap=True)
+        for col in ("log", "detail"):
+            table.add_column(col, overflow="fold")
+        colours = {"ready": "green", "starting": "yellow", "restarting": "yellow", "failed": "red"}
+        for e in engines:
+            state = str(e.get("state"))
+            table.add_row(
+                e["model"],
+                str(e["endpoint"]),
+                f"[{colours.get(state, 'white')}]{state}[/]",
+                "yes" if e.get("healthy") else "no",
+                _cell(e.get("pid")),
+                _cell(e.get("port")),
+                _cell(e.get("restarts")),
+                _cell(e.get("last_exit_code")),
+                _duration(e.get("uptime_s")),
+                _cell(e.get("log")),
+                _cell(e.get("detail")),
+            )
+        # Piped output keeps whole paths (greppable) instead of an 80-column cut.
+        Console(width=None if sys.stdout.isatty() else 240).print(table)
+
     manager.add_commands(cli)
     return cli
+
+
+def _fetch_ready(url: str, timeout: float) -> dict[str, Any]:
+    """The gateway's ``/ready`` body (a 503 while not ready still has one)."""
+    import urllib.error
+    import urllib.request
+
+    target = url.rstrip("/") + "/ready"
+    if not target.startswith(("http://", "https://")):
+        raise ValueError("the URL must start with http:// or https://")
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code != 503:
+            raise OSError(f"HTTP {exc.code}") from None
+        raw = exc.read()
+    body = json.loads(raw)
+    if not isinstance(body, dict) or not isinstance(body.get("models"), dict):
+        raise ValueError("not a shuniu gateway's /ready answer")
+    return body
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.0f}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shuniu.core.config import Deployment, EndpointConfig
 from shuniu.core.errors import ConfigError, Problem
+from shuniu.core.launcher import base_url_template, engine_url
 from shuniu.core.plugin_manager import Category, PluginManager
 
 __all__ = [
@@ -289,8 +290,12 @@ def load_deployment(
         parts["scorers"],
     )
     seen: dict[str, tuple[Any, ...]] = {}
+    # Launched engines with fixed ports: each port once, and not the gateway's own.
+    ports: dict[int, str] = {}
+    if deployment.gateway.port:
+        ports[deployment.gateway.port] = "the gateway itself (gateway.port)"
     for model_name, model in deployment.models.items():
-        for i, _replica, ep_name in expand_endpoints(model_name, model.endpoints):
+        for i, replica, ep_name in expand_endpoints(model_name, model.endpoints):
             loc = ("models", model_name, "endpoints", i)
             if ep_name in seen and seen[ep_name] != loc:
                 problems.append(
@@ -301,6 +306,19 @@ def load_deployment(
                     )
                 )
             seen.setdefault(ep_name, loc)
+            launch = model.endpoints[i].launch
+            if launch is not None and launch.port:
+                port = launch.port + replica
+                if port in ports:
+                    where = (*loc, "launch", "port")
+                    problems.append(
+                        Problem(
+                            _path(where),
+                            f"port {port} (endpoint {ep_name!r}) is also used by {ports[port]}",
+                            _line_for(lines, where),
+                        )
+                    )
+                ports.setdefault(port, f"endpoint {ep_name!r}")
     if problems:
         raise ConfigError(problems, name)
     return resolved
@@ -367,10 +385,26 @@ def _check_plugins(
                 continue
             options = ep.get("options") or {}
             if isinstance(options, dict):
+                options = _with_launch_url(reg.options, options, ep.get("launch"))
                 endpoint_options[(model_name, i)] = _validate_options(
                     reg.options, options, (*loc, "options"), lines, problems
                 )
     return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+
+
+def _with_launch_url(options_type: type | None, options: dict[str, Any], launch: Any) -> dict[str, Any]:
+    """A launched entry's options with ``base_url`` filled in (from the first replica's
+    address) when the backend has that field and the file leaves it out, so the options
+    validate; each replica gets its own address when the gateway is built."""
+    if not isinstance(launch, dict) or "base_url" in options:
+        return options
+    template = base_url_template(options_type)
+    if template is None:
+        return options
+    host, port = launch.get("host", "127.0.0.1"), launch.get("port", 0)
+    if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool):
+        host, port = "127.0.0.1", 0  # the schema reports the bad value
+    return {**options, "base_url": engine_url(template, host.strip("[]"), port)}
 
 
 def _check_parts(

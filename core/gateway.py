@@ -9,6 +9,7 @@ Everything else (models, health, readiness, errors for unknown routes) is ordina
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
 import logging
@@ -32,6 +33,14 @@ from shuniu.core.errors import (
 )
 from shuniu.core.http import Receive, Scope, Send, new_request_id, read_body, send_error, send_json
 from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.launcher import (
+    ManagedEngine,
+    base_url_template,
+    engine_url,
+    pick_port,
+    plan_engine,
+    with_base_url,
+)
 from shuniu.core.load import adapt_limit, freshness
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.plugin_manager import PluginManager
@@ -132,6 +141,8 @@ class Gateway:
         self.routes: dict[str, Pool] = {}
         self.draining = False
         self.started = False
+        self.engines: dict[str, ManagedEngine] = {}
+        """Endpoint name → the engine process the gateway launched for it (``launch:``)."""
         self._health_tasks: list[asyncio.Task[None]] = []
         self._observers: list[Callable[[RequestRecord], Any]] = plugins.hook_functions("request_finished")
         self._max_body = self.config.gateway.max_body_bytes
@@ -148,28 +159,48 @@ class Gateway:
     def _build(self) -> None:
         backends = self.plugins.registered("backends")
         schedulers = self.plugins.registered("schedulers")
+        # Ports for launched engines with `port: 0`, picked now (the backends are built with
+        # their address) and kept across restarts.
+        picked: set[int] = set()
         for model_name, model in self.config.models.items():
             endpoints: list[EndpointState] = []
+            plans = []
             for index, replica, ep_name in expand_endpoints(model_name, model.endpoints):
                 ep_cfg = model.endpoints[index]
+                options = self.resolved.endpoint_options.get((model_name, index))
+                extra: dict[str, Any] = {}
+                plan = None
+                if ep_cfg.launch is not None:
+                    launch = ep_cfg.launch
+                    port = launch.port + replica if launch.port else pick_port(launch.host, picked)
+                    plan = plan_engine(launch, model=model_name, name=ep_name, replica=replica, port=port)
+                    template = base_url_template(type(options)) if options is not None else None
+                    if template is not None and "base_url" not in ep_cfg.options:
+                        options = with_base_url(options, engine_url(template, launch.host, port))
+                    extra["launch"] = {"host": launch.host, "port": port}
                 spec = EndpointSpec(
                     name=ep_name,
                     model=model_name,
-                    options=self.resolved.endpoint_options.get((model_name, index)),
+                    options=options,
                     replica=replica,
                     max_model_len=model.max_model_len,
+                    extra=extra,
                 )
                 backend = backends[ep_cfg.kind].factory(spec)
-                endpoints.append(
-                    EndpointState(
-                        ep_name,
-                        backend,
-                        weight=ep_cfg.weight,
-                        version=ep_cfg.version,
-                        max_concurrency=ep_cfg.max_concurrency,
-                        labels=dict(ep_cfg.labels),
-                    )
+                endpoint = EndpointState(
+                    ep_name,
+                    backend,
+                    weight=ep_cfg.weight,
+                    version=ep_cfg.version,
+                    max_concurrency=ep_cfg.max_concurrency,
+                    labels=dict(ep_cfg.labels),
                 )
+                if plan is not None:
+                    # Out of balancing until the engine's first passing health probe.
+                    endpoint.healthy = False
+                    endpoint.last_health_detail = "engine not started"
+                    plans.append((endpoint, plan))
+                endpoints.append(endpoint)
             balancer = self._balancer(model_name, model)
             scheduler = schedulers[model.scheduler.policy].factory(
                 self.resolved.scheduler_options.get(model_name)
@@ -178,6 +209,10 @@ class Gateway:
             self.pools[model_name] = pool
             for alias in [model_name, *model.aliases]:
                 self.routes[alias] = pool
+            for endpoint, plan in plans:
+                self.engines[endpoint.name] = ManagedEngine(
+                    plan, on_down=functools.partial(pool.set_healthy, endpoint, False)
+                )
 
     def _balancer(self, model_name: str, model: Any) -> Any:
         cfg = model.balancer
@@ -202,7 +237,10 @@ class Gateway:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every backend, the health checkers, and run the start-up hooks."""
+        """Start the launched engines, every backend, the health checkers, and run the
+        start-up hooks. Launched engines join balancing once their health probe passes."""
+        for engine in self.engines.values():
+            engine.start()
         await asyncio.gather(*(e.backend.start() for p in self.pools.values() for e in p.endpoints))
         for pool in self.pools.values():
             if pool.max_model_len is None:
@@ -246,16 +284,27 @@ class Gateway:
         results = await asyncio.gather(
             *(e.backend.stop() for p in self.pools.values() for e in p.endpoints), return_exceptions=True
         )
+        # Engines last: in-flight requests were drained before the shutdown hooks ran.
+        results += await asyncio.gather(*(e.stop() for e in self.engines.values()), return_exceptions=True)
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
         # builds and stops many in one process).
         gc.unfreeze()
         for r in results:
             if isinstance(r, BaseException):
-                log.warning("a backend failed to stop cleanly: %r", r)
+                log.warning("a backend or engine failed to stop cleanly: %r", r)
 
     async def _health_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
         fails = passes = 0
+        engine = self.engines.get(endpoint.name)
         while True:
+            if engine is not None and not engine.probing:
+                # A launched engine that is not running is not probed: its port may have been
+                # taken by another process. Its supervisor took the endpoint out already.
+                fails = passes = 0
+                endpoint.last_health_detail = f"engine {engine.state}: {engine.detail}"
+                await asyncio.sleep(cfg.interval_s)
+                continue
+            generation = engine.generation if engine is not None else 0
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that races with completion, and this loop would never stop.
             try:
@@ -270,7 +319,15 @@ class Gateway:
             if ok:
                 passes, fails = passes + 1, 0
                 if not endpoint.healthy and passes >= cfg.healthy_after:
-                    log.warning("endpoint %s is healthy again", endpoint.name)
+                    if engine is None:
+                        log.warning("endpoint %s is healthy again", endpoint.name)
+                    elif not engine.admits(generation):
+                        # The engine went down (or restarted) while this probe ran.
+                        passes = 0
+                        await asyncio.sleep(cfg.interval_s)
+                        continue
+                    else:
+                        self._refresh_max_model_len(pool)
                     pool.set_healthy(endpoint, True)
             else:
                 fails, passes = fails + 1, 0
@@ -278,6 +335,15 @@ class Gateway:
                     log.warning("endpoint %s is unhealthy: %s", endpoint.name, detail)
                     pool.set_healthy(endpoint, False)
             await asyncio.sleep(cfg.interval_s)
+
+    def _refresh_max_model_len(self, pool: Pool) -> None:
+        """A launched engine joined: its backend may now know the context window, which was
+        unknown when the gateway started (the deployment's own value always wins)."""
+        if self.config.models[pool.name].max_model_len is not None:
+            return
+        lens = [e.backend.max_model_len for e in pool.endpoints if e.backend.max_model_len]
+        if lens:
+            pool.max_model_len = min(lens)
 
     async def _load_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
         """Poll the engine's own load; age the last snapshot when polls fail; adapt the
@@ -421,6 +487,8 @@ class Gateway:
             result = await ticket.endpoint.backend.complete(req)
             outcome = Outcome.OK
         except GatewayError as err:
+            if err.status >= 500:
+                await self._engine_suspect(ticket.endpoint)
             record.fail(err)
             await send_error(send, err, req.id)
             return
@@ -428,6 +496,7 @@ class Gateway:
             outcome = Outcome.CANCELLED
             raise
         except Exception as exc:
+            await self._engine_suspect(ticket.endpoint)
             err = _backend_failure(ticket.endpoint, exc)
             record.fail(err)
             await send_error(send, err, req.id)
@@ -489,6 +558,8 @@ class Gateway:
             outcome = Outcome.CANCELLED
             raise
         except Exception as exc:
+            if not isinstance(exc, GatewayError) or exc.status >= 500:
+                await self._engine_suspect(ticket.endpoint)
             err = exc if isinstance(exc, GatewayError) else _backend_failure(ticket.endpoint, exc)
             record.fail(err)
             if started:
@@ -506,6 +577,16 @@ class Gateway:
                 usage = encoder.final_usage()
                 record.prompt_tokens = usage.prompt_tokens
                 record.completion_tokens = usage.completion_tokens
+
+    async def _engine_suspect(self, endpoint: EndpointState) -> None:
+        """A request to ``endpoint`` failed. If it is a launched engine whose process just
+        died, take it out of balancing now, before the request's slot is released: an
+        endpoint that fails at once would otherwise pull the whole queue into errors before
+        the exit is reaped. Failure path only."""
+        if self.engines:
+            engine = self.engines.get(endpoint.name)
+            if engine is not None:
+                await engine.confirm_exit()
 
     def _notify_rejected(
         self,
@@ -583,12 +664,17 @@ class Gateway:
                         "completed": e.completed,
                         "errors": e.errors,
                         "load": msgspec.to_builtins(e.load) if e.load is not None else None,
+                        **self._launch_view(e),
                     }
                     for e in pool.endpoints
                 ],
             }
         status = "draining" if self.draining else ("ready" if ready else "not_ready")
         return ready, {"status": status, "models": models}
+
+    def _launch_view(self, endpoint: EndpointState) -> dict[str, Any]:
+        engine = self.engines.get(endpoint.name)
+        return {"launch": engine.snapshot()} if engine is not None else {}
 
     def _make_app(self) -> Litestar:
         gateway = self

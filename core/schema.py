@@ -33,6 +33,20 @@ def _conditional(key: str, registrations: dict[str, Any], defs: dict[str, Any]) 
     return out
 
 
+def _base_url_from_launch(then: dict[str, Any]) -> None:
+    """A launched entry (``launch:``) may leave out ``options.base_url``: shuniu derives it.
+    So the backend's ``base_url`` is only required without ``launch``."""
+    options = then["properties"]["options"]
+    required = options.get("required")
+    if not isinstance(required, list) or "base_url" not in required:
+        return
+    required.remove("base_url")
+    if not required:
+        del options["required"]
+    then["if"] = {"not": {"required": ["launch"]}}
+    then["then"] = {"required": ["options"], "properties": {"options": {"required": ["base_url"]}}}
+
+
 def deployment_schema(plugins: PluginManager) -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) editors can use to check and complete deployment files."""
     schema = Deployment.model_json_schema(ref_template="#/$defs/{model}")
@@ -41,6 +55,8 @@ def deployment_schema(plugins: PluginManager) -> dict[str, Any]:
     endpoint = defs["EndpointConfig"]
     endpoint["properties"]["kind"]["enum"] = sorted(backends)
     endpoint["allOf"] = _conditional("kind", backends, defs)
+    for condition in endpoint["allOf"]:
+        _base_url_from_launch(condition["then"])
     for def_name, category in (("BalancerConfig", "balancers"), ("SchedulerConfig", "schedulers")):
         regs = plugins.registered(category)  # type: ignore[arg-type]
         defs[def_name]["properties"]["policy"]["enum"] = sorted(regs)

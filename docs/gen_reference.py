@@ -40,6 +40,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("gateway", config.GatewayConfig),
     ("models.<name>", config.ModelConfig),
     ("models.<name>.endpoints[]", config.EndpointConfig),
+    ("models.<name>.endpoints[].launch", config.LaunchConfig),
+    ("models.<name>.endpoints[].launch.restart", config.RestartConfig),
     ("models.<name>.balancer", config.BalancerConfig),
     ("models.<name>.balancer.filters[]", config.FilterConfig),
     ("models.<name>.balancer.scorers[]", config.ScorerConfig),
@@ -75,6 +77,8 @@ def _type(annotation: Any) -> str:
         return "null"
     if annotation is Any:
         return "any"
+    if origin is typing.Annotated:  # validators attached to a type: the type is what readers need
+        return _type(args[0])
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type(a) for a in args)
     if origin is typing.Literal:

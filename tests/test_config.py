@@ -89,7 +89,8 @@ def test_unknown_field_inside_a_model_lists_accepted_keys(plugins: PluginManager
         plugins, "models:\n  chat:\n    endpoints:\n      - kind: sim\n        replica: 2\n"
     )
     assert problem.path == "models.chat.endpoints[0].replica"
-    assert "expected one of: kind, labels, max_concurrency, name, options, replicas" in problem.message
+    expected = "expected one of: kind, labels, launch, max_concurrency, name, options, replicas"
+    assert expected in problem.message
 
 
 def test_missing_and_duplicate_names(plugins: PluginManager) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, field_validator
 
 from shuniu.core.config import Options
@@ -10,8 +12,12 @@ __all__ = ["OpenAIOptions"]
 
 
 class OpenAIOptions(Options):
+    launch_base_url: ClassVar[str] = "http://{host}:{port}/v1"
+    """``base_url`` of an engine shuniu launches (``launch:``) when none is given: the API root."""
+
     base_url: str
-    """The server's API root, as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:9000/v1``."""
+    """The server's API root, as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:9000/v1``.
+    May be left out when the entry has ``launch:``: ``http://{host}:{port}/v1`` of each engine."""
     model: str | None = None
     """Model name to send upstream; defaults to the name the client asked for."""
     api_key: str | None = None

@@ -7,7 +7,7 @@ here it is the server's root, since ``/health`` and ``/metrics`` live beside ``/
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -17,10 +17,14 @@ __all__ = ["VllmOptions"]
 
 
 class VllmOptions(OpenAIOptions):
+    launch_base_url: ClassVar[str] = "http://{host}:{port}"
+    """``base_url`` of an engine shuniu launches (``launch:``) when none is given: the server root."""
+
     base_url: str
     """The vLLM server's address, e.g. ``http://127.0.0.1:8000``. A trailing ``/v1`` (the API
     root, as the OpenAI SDK takes it) is accepted and dropped: the OpenAI API is under
-    ``/v1``, ``/health`` and ``/metrics`` at the root."""
+    ``/v1``, ``/health`` and ``/metrics`` at the root. May be left out when the entry has
+    ``launch:``: ``http://{host}:{port}`` of each engine."""
     model: str | None = None
     """The model name the server serves (its ``--served-model-name``). Default: read from
     ``/v1/models``: the pool's own name when the server serves it, else the server's only
