@@ -12,13 +12,14 @@ prompt from pulling all traffic onto one replica (the "death spiral" of naive af
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.load import load_score
+from shuniu.core.load import LoadWeights, load_score
 from shuniu.core.pool import EndpointState
 from shuniu.core.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
@@ -47,7 +48,10 @@ class PrefixAffinityOptions(PrefixOptions):
 
     balance_abs: float = Field(4.0, ge=0)
     """Affinity yields to the least-loaded endpoint when the matched one carries more than
-    this much extra load (in requests in flight, see ``load``) ..."""
+    this many extra requests (in flight, plus the engine's queue and KV pressure as
+    ``load`` weighs them, but not tokens: a prompt sent where its prefix is cached costs
+    little of its length, so counting it would push conversations off their cache just as
+    they grow) ..."""
     balance_rel: float = Field(1.5, ge=1)
     """... and more than this multiple of the least-loaded one's load (plus one)."""
     min_match_blocks: int = Field(1, ge=1)
@@ -59,11 +63,13 @@ class PrefixAffinityOptions(PrefixOptions):
 class PrefixAffinity:
     """Longest known prefix, bounded by load; least load when nothing matches."""
 
-    __slots__ = ("_turn", "index", "options", "weights")
+    __slots__ = ("_turn", "bound_weights", "index", "options", "weights")
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
         self.options = options or PrefixAffinityOptions()
-        self.weights = self.options.load.weights()
+        self.weights = w = self.options.load.weights()
+        # The bound compares requests, not tokens (see ``balance_abs``).
+        self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
         self.index = PrefixIndex(self.options.max_blocks)
         self._turn = 0
 
@@ -99,12 +105,15 @@ class PrefixAffinity:
                     if d > best_depth or (d == best_depth and loads[i] < loads[best_i]):
                         best_i, best_depth = i, d
                 if best_depth >= o.min_match_blocks:
-                    extra = loads[best_i] - least_load
-                    if extra <= o.balance_abs or loads[best_i] + 1.0 <= o.balance_rel * (least_load + 1.0):
-                        for e in endpoints:
-                            if e.index == best_i:
-                                chosen = e
-                                break
+                    best = least
+                    for e in endpoints:
+                        if e.index == best_i:
+                            best = e
+                            break
+                    bw = self.bound_weights
+                    home, low = load_score(best, bw), load_score(least, bw)
+                    if home - low <= o.balance_abs or home + 1.0 <= o.balance_rel * (low + 1.0):
+                        chosen = best
         self.index.record(hashes, chosen)
         return chosen
 
