@@ -156,12 +156,7 @@ class Pool:
         (and runs ``req.version``, when the request is pinned to one)."""
         version = req.version
         candidates = [
-            e
-            for e in self.endpoints
-            if e.healthy
-            and not e.draining
-            and (e.limit == 0 or e.in_flight < e.limit)
-            and (version is None or e.version == version)
+            e for e in self.endpoints if e.has_capacity() and (version is None or e.version == version)
         ]
         if not candidates:
             return None

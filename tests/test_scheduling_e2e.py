@@ -44,6 +44,20 @@ def _ready(gw) -> dict:  # type: ignore[no-untyped-def,type-arg]
     return httpx.get(f"{gw.url}/ready", timeout=5).json()  # type: ignore[no-any-return]
 
 
+def _hold_the_slot(client: openai.OpenAI):  # type: ignore[no-untyped-def]
+    """A long stream that holds the only v1 slot until it is closed (its first chunk is read,
+    so it is running on the engine)."""
+    hold = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "hold"}],
+        max_tokens=1000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(hold))
+    return hold
+
+
 @pytest.fixture
 def tiers_gateway(gateway_factory):  # type: ignore[no-untyped-def]
     return gateway_factory(TIERS)
@@ -67,15 +81,7 @@ def test_premium_overtakes_free_and_a_full_tier_queue_gets_429(tiers_gateway) ->
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    # A long stream holds the only v1 slot.
-    hold = client.chat.completions.create(
-        model="chat",
-        messages=[{"role": "user", "content": "hold"}],
-        max_tokens=1000,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    next(iter(hold))
+    hold = _hold_the_slot(client)
     free = threading.Thread(target=ask, args=("free",))
     free.start()
     wait_until(lambda: _ready(gw)["models"]["chat"]["queued"] == 1)
@@ -111,14 +117,7 @@ def test_deadline_header(tiers_gateway) -> None:  # type: ignore[no-untyped-def]
         )
     assert err.value.code == "invalid_value"
     assert "x-shuniu-deadline-ms" in err.value.message
-    hold = client.chat.completions.create(
-        model="chat",
-        messages=[{"role": "user", "content": "hold"}],
-        max_tokens=1000,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    next(iter(hold))
+    hold = _hold_the_slot(client)
     started = time.monotonic()
     with pytest.raises(openai.APIStatusError) as late:
         client.chat.completions.create(

@@ -31,36 +31,16 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointState]) -> list[int]:
         """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
-        n = len(endpoints)
-        if not hashes or not self._table:
-            return [0] * n
         alive = 0
         for e in endpoints:
             alive |= 1 << e.index
-        table = self._table
-        depth_of: dict[int, int] = {}
-        depth = 0
-        for h in hashes:
-            mask = table.get(h)
-            if mask is None:
-                break
-            still = alive & mask
-            if still != alive:
-                gone = alive & ~still
-                while gone:
-                    bit = gone & -gone
-                    depth_of[bit] = depth
-                    gone ^= bit
-                alive = still
-                if not alive:
-                    break
-            depth += 1
-        return [depth_of.get(1 << e.index, depth if alive >> e.index & 1 else 0) for e in endpoints]
+        depths = self.match_sparse(hashes, alive)
+        return [depths.get(e.index, 0) for e in endpoints]
 
     def match_sparse(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
         """Endpoint index → matched leading blocks, for the endpoints in the bit mask
-        ``alive`` that match at least one block (the cheap form of :meth:`match` for pools
-        with many endpoints, where few match)."""
+        ``alive`` that match at least one block (cheap for pools with many endpoints, where
+        few match; :meth:`match` is the per-endpoint list form)."""
         table = self._table
         depth_of: dict[int, int] = {}
         if not hashes or not table:
