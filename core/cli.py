@@ -92,7 +92,10 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             url = f"http://{shown}:{bound_port}/v1/chat/completions"
             body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
             click.echo(f"    curl {url} -H 'content-type: application/json' \\\n      -d '{body}'")
-            if not is_loopback(bound_host):
+            if gateway.tenancy.auth:
+                kinds = ", ".join(a.kind for a in resolved.deployment.auth.authenticators)
+                click.echo(f"  auth: {kinds} (send 'Authorization: Bearer <key>')")
+            elif not is_loopback(bound_host):
                 click.secho(
                     f"  WARNING: listening on {bound_host} with NO authentication: anyone who can "
                     "reach this port can use every model.",

@@ -22,20 +22,26 @@ from pydantic import (
 
 __all__ = [
     "LAUNCH_PLACEHOLDERS",
+    "AuthConfig",
+    "AuthenticatorConfig",
     "BalancerConfig",
+    "CacheConfig",
     "Deployment",
     "EndpointConfig",
     "FilterConfig",
     "GatewayConfig",
     "HealthConfig",
     "LaunchConfig",
+    "LimitsConfig",
     "LoadConfig",
     "ModelConfig",
     "Options",
+    "RateLimitsConfig",
     "RestartConfig",
     "RouteRule",
     "SchedulerConfig",
     "ScorerConfig",
+    "TierConfig",
     "placeholders",
 ]
 
@@ -66,7 +72,16 @@ class GatewayConfig(_Strict):
     identity_headers: bool = False
     """Take the tenant and tier from the ``x-shuniu-tenant`` and ``x-shuniu-tier`` request
     headers. Only for a gateway behind a proxy that authenticates clients and sets them;
-    anyone who can reach the gateway could otherwise claim any tier."""
+    anyone who can reach the gateway could otherwise claim any tier. Ignored when
+    ``auth.authenticators`` are configured (the credential decides)."""
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    """Largest total size of the request headers (names and values) of an inference
+    request; bigger gets 431."""
+    max_messages: int = Field(2048, ge=1)
+    """Most messages a chat request may carry; more gets 400."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longest prompt (estimated tokens) accepted on any model, before the context-window
+    check; longer gets 400. ``None``: only the model's context window and the tier's limit."""
 
 
 class FilterConfig(_Strict):
@@ -404,11 +419,130 @@ class ModelConfig(_Strict):
         return self
 
 
+class LimitsConfig(_Strict):
+    """Rate limits of one scope. Unset: no limit of that kind."""
+
+    rpm: int | None = Field(None, ge=1)
+    """Requests per minute (a burst of up to this many, refilled continuously)."""
+    rpd: int | None = Field(None, ge=1)
+    """Requests per day."""
+    tpm: int | None = Field(None, ge=1)
+    """Tokens per minute: prompt plus ``max_tokens`` reserved at admission, settled with
+    the real usage when the request ends."""
+    tpd: int | None = Field(None, ge=1)
+    """Tokens per day, counted as ``tpm``."""
+    concurrency: int | None = Field(None, ge=1)
+    """Requests in flight at once."""
+
+
+class TierConfig(_Strict):
+    """A class of service: what its clients may use and how much."""
+
+    priority: int | None = None
+    """Scheduling priority of the tier's requests (smaller runs first). Used by the
+    ``priority`` scheduler unless its own ``tiers`` options name this tier."""
+    models: list[str] | None = None
+    """Models (names or aliases) the tier may use; ``None``: all. Others get 404, as if
+    they did not exist."""
+    max_tokens_default: int | None = Field(None, ge=1)
+    """``max_tokens`` applied when a request sets none."""
+    max_tokens_limit: int | None = Field(None, ge=1)
+    """Largest ``max_tokens`` a request may ask for; more gets 400."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longest prompt (estimated tokens) the tier may send; longer gets 400."""
+    key_limits: LimitsConfig | None = None
+    """Limits of each credential (API key, token subject) of this tier; a key's own
+    ``limits`` override them field by field."""
+    tenant_limits: LimitsConfig | None = None
+    """Limits of each tenant of this tier, all its credentials together."""
+    cache: bool = False
+    """Cache this tier's answers even when the request is not deterministic (no
+    ``temperature: 0``, no ``seed``). Needs ``cache:`` configured."""
+
+    @model_validator(mode="after")
+    def _max_tokens(self) -> TierConfig:
+        if (
+            self.max_tokens_default is not None
+            and self.max_tokens_limit is not None
+            and self.max_tokens_default > self.max_tokens_limit
+        ):
+            raise ValueError("max_tokens_default must not exceed max_tokens_limit")
+        return self
+
+
+class AuthenticatorConfig(_Strict):
+    """One authenticator in the chain."""
+
+    kind: str
+    """A registered authenticator (``api_keys``, ``jwt``, or a plugin's)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that authenticator, validated by it."""
+
+
+class AuthConfig(_Strict):
+    """Who may call the gateway."""
+
+    authenticators: list[AuthenticatorConfig] = Field(default_factory=list)
+    """Asked in order; the first that recognises the credential decides. Empty: the
+    gateway is open and every request is anonymous (``shuniu serve`` warns when such a
+    gateway listens beyond loopback)."""
+
+
+class RateLimitsConfig(_Strict):
+    """Where rate-limit state lives."""
+
+    store: str = "memory"
+    """A registered rate-limit store: ``memory`` (this process only) or ``redis``
+    (shared by every gateway using the same Redis)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that store, validated by it."""
+    default_output_tokens: int = Field(256, ge=1)
+    """Completion tokens reserved against token limits for a request that sets no
+    ``max_tokens`` (and whose tier sets no default)."""
+    headers: bool = True
+    """Send OpenAI's ``x-ratelimit-*`` headers on every response of a limited request."""
+
+
+class CacheConfig(_Strict):
+    """The exact-match response cache."""
+
+    store: str = "memory"
+    """A registered cache store: ``memory`` (a bounded LRU in this process) or ``redis``
+    (shared by every gateway using the same Redis)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that store, validated by it."""
+    ttl_s: float = Field(3600.0, gt=0)
+    """How long an answer stays cached."""
+    kb_version_header: str = "x-shuniu-kb-version"
+    """A request header whose value joins the cache key (e.g. the version of the knowledge
+    base a RAG prompt was built from), so a new version never gets an old answer."""
+    max_entry_bytes: int = Field(1024 * 1024, ge=1024)
+    """Answers larger than this (encoded) are not cached."""
+    lock_ttl_s: float = Field(60.0, gt=0)
+    """Shared stores: how long the gateway filling an entry holds the fill lock, and how
+    long other gateways wait for that entry before asking the engine themselves."""
+
+    @field_validator("kb_version_header")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+
 class Deployment(_Strict):
     """A whole shuniu deployment."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     """Listening address and request limits."""
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """Authentication. Without it the gateway is open."""
+    tiers: dict[str, TierConfig] = Field(default_factory=dict)
+    """Tier name → class of service. A tier ``default`` (no limits) exists even when not
+    listed; anonymous requests and credentials without a tier get it."""
+    rate_limits: RateLimitsConfig | None = None
+    """The rate-limit store. Without it, limits (if any tier or key sets some) are kept in
+    this process's memory."""
+    cache: CacheConfig | None = None
+    """The response cache. Without it nothing is cached."""
     models: dict[str, ModelConfig] = Field(min_length=1)
     """Model name → model. The name is what clients put in ``model``."""
 
@@ -439,4 +573,11 @@ class Deployment(_Strict):
                     )
                 if rule.to == name:
                     raise ValueError(f"models.{name}.routes[{i}].to: a model cannot route to itself")
+        for tier_name, tier in self.tiers.items():
+            for model in tier.models or ():
+                if model not in seen:
+                    raise ValueError(
+                        f"tiers.{tier_name}.models: no model or alias named {model!r} "
+                        f"(models: {', '.join(sorted(seen))})"
+                    )
         return self

@@ -50,6 +50,12 @@ class ResolvedDeployment:
     """(model, filter index) → validated filter options."""
     scorer_options: dict[tuple[str, int], Any] = field(default_factory=dict)
     """(model, scorer index) → validated scorer options."""
+    authenticator_options: dict[int, Any] = field(default_factory=dict)
+    """Authenticator index in ``auth.authenticators`` → validated options."""
+    rate_limit_options: Any = None
+    """Validated options of the rate-limit store (``rate_limits.options``)."""
+    cache_options: Any = None
+    """Validated options of the cache store (``cache.options``)."""
 
 
 def quickstart_text() -> str:
@@ -274,6 +280,7 @@ def load_deployment(
     endpoint_options, balancer_options, scheduler_options = _check_plugins(
         data, plugins, lines, problems, parts
     )
+    tenancy = _check_tenancy(data, plugins, lines, problems)
     if env_problems:
         # A field whose variable is unset was left empty; its follow-on error says nothing new.
         unset = {p.path for p in env_problems}
@@ -288,7 +295,9 @@ def load_deployment(
         scheduler_options,
         parts["filters"],
         parts["scorers"],
+        *tenancy,
     )
+    _cross_check_tenancy(resolved, lines, problems)
     seen: dict[str, tuple[Any, ...]] = {}
     # Launched engines with fixed ports: each port once, and not the gateway's own.
     ports: dict[int, str] = {}
@@ -390,6 +399,93 @@ def _check_plugins(
                     reg.options, options, (*loc, "options"), lines, problems
                 )
     return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+
+
+def _check_tenancy(
+    data: dict[str, Any],
+    plugins: PluginManager,
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+) -> tuple[dict[int, Any], Any, Any]:
+    """Look up the authenticators and the rate-limit and cache stores; validate their options."""
+    auth_options: dict[int, Any] = {}
+    auth = data.get("auth")
+    entries = auth.get("authenticators") if isinstance(auth, dict) else None
+    registered = plugins.registered("authenticators")
+    for i, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str):
+            continue  # the schema reports it
+        loc = ("auth", "authenticators", i)
+        reg = registered.get(entry["kind"])
+        if reg is None:
+            where = (*loc, "kind")
+            problems.append(
+                Problem(
+                    _path(where), _unknown("authenticators", entry["kind"], plugins), _line_for(lines, where)
+                )
+            )
+            continue
+        options = entry.get("options") or {}
+        if isinstance(options, dict):
+            auth_options[i] = _validate_options(reg.options, options, (*loc, "options"), lines, problems)
+    stores: list[Any] = []
+    for section, category in (("rate_limits", "rate_limiters"), ("cache", "caches")):
+        cfg = data.get(section)
+        if not isinstance(cfg, dict):
+            stores.append(None)  # absent (the memory store with its defaults), or the schema says why
+            continue
+        store = cfg.get("store", "memory")
+        if not isinstance(store, str):
+            stores.append(None)
+            continue
+        reg = plugins.registered(category).get(store)  # type: ignore[arg-type]
+        if reg is None:
+            where = (section, "store")
+            problems.append(
+                Problem(_path(where), _unknown(category, store, plugins), _line_for(lines, where))
+            )  # type: ignore[arg-type]
+            stores.append(None)
+            continue
+        options = cfg.get("options") or {}
+        stores.append(
+            _validate_options(reg.options, options, (section, "options"), lines, problems)
+            if isinstance(options, dict)
+            else None
+        )
+    return auth_options, stores[0], stores[1]
+
+
+def _cross_check_tenancy(
+    resolved: ResolvedDeployment, lines: dict[tuple[Any, ...], int], problems: list[Problem]
+) -> None:
+    """Tiers and models named by credentials (API key entries) must exist."""
+    deployment = resolved.deployment
+    tiers = {"default", *deployment.tiers}
+    names = {alias for name, m in deployment.models.items() for alias in (name, *m.aliases)}
+    for i, options in resolved.authenticator_options.items():
+        loc = ("auth", "authenticators", i, "options")
+        used_tiers = getattr(options, "referenced_tiers", None)
+        for tier, where in (used_tiers() if callable(used_tiers) else {}).items():
+            if tier not in tiers:
+                problems.append(
+                    Problem(
+                        _path(loc),
+                        f"{where} names tier {tier!r}, which `tiers:` does not define "
+                        f"(tiers: {', '.join(sorted(tiers))})",
+                        _line_for(lines, loc),
+                    )
+                )
+        used_models = getattr(options, "referenced_models", None)
+        for model, where in (used_models() if callable(used_models) else {}).items():
+            if model not in names:
+                problems.append(
+                    Problem(
+                        _path(loc),
+                        f"{where} names model {model!r}, which the deployment does not serve "
+                        f"(models: {', '.join(sorted(names))})",
+                        _line_for(lines, loc),
+                    )
+                )
 
 
 def _with_launch_url(options_type: type | None, options: dict[str, Any], launch: Any) -> dict[str, Any]:

@@ -45,13 +45,17 @@ from shuniu.core.load import adapt_limit, freshness
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
+from shuniu.core.response_cache import Filler, ResponseCache
 from shuniu.core.routing import Router
+from shuniu.core.tenancy import Admission, Tenancy, Tier, limits_in_use
 from shuniu.core.types import Api, InferenceRequest, Outcome, Principal, RequestRecord
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger("shuniu.gateway")
 _encode = msgspec.json.Encoder().encode
+_HIT = b"hit"
+_HARDWARE_TTL_S = 2.0
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -145,11 +149,19 @@ class Gateway:
         """Endpoint name → the engine process the gateway launched for it (``launch:``)."""
         self._health_tasks: list[asyncio.Task[None]] = []
         self._observers: list[Callable[[RequestRecord], Any]] = plugins.hook_functions("request_finished")
-        self._max_body = self.config.gateway.max_body_bytes
+        gw = self.config.gateway
+        self._max_body = gw.max_body_bytes
+        self._max_header_bytes = gw.max_header_bytes
+        self._max_messages = gw.max_messages
+        self._max_prompt_tokens = gw.max_prompt_tokens
         self._created_models = int(time.time())
         self._build()
         self.router = Router(self.config.models, self.pools)
-        self._identity_headers = self.config.gateway.identity_headers
+        self.tenancy = self._build_tenancy()
+        self._identity_headers = self.tenancy.identity_headers
+        self.cache = self._build_cache()
+        self._hardware: tuple[float, bytes] | None = None
+        self._hardware_lock = asyncio.Lock()
         self.litestar = self._make_app()
         self.app = _Dispatch(self)
         """The ASGI application to serve."""
@@ -213,6 +225,33 @@ class Gateway:
                 self.engines[endpoint.name] = ManagedEngine(
                     plan, on_down=functools.partial(pool.set_healthy, endpoint, False)
                 )
+
+    def _build_tenancy(self) -> Tenancy:
+        registered = self.plugins.registered("authenticators")
+        authenticators = [
+            registered[cfg.kind].factory(self.resolved.authenticator_options.get(i))
+            for i, cfg in enumerate(self.config.auth.authenticators)
+        ]
+        store = None
+        rl = self.config.rate_limits
+        if rl is not None or limits_in_use(self.config, self.resolved.authenticator_options):
+            name = rl.store if rl is not None else "memory"
+            store = self.plugins.registered("rate_limiters")[name].factory(self.resolved.rate_limit_options)
+        tenancy = Tenancy(self.config, authenticators, store)
+        priorities = tenancy.priorities
+        if priorities:
+            for pool in self.pools.values():
+                adopt = getattr(pool.scheduler, "adopt_tiers", None)
+                if adopt is not None:
+                    adopt(priorities)
+        return tenancy
+
+    def _build_cache(self) -> ResponseCache | None:
+        cfg = self.config.cache
+        if cfg is None:
+            return None
+        store = self.plugins.registered("caches")[cfg.store].factory(self.resolved.cache_options)
+        return ResponseCache(cfg, store)
 
     def _balancer(self, model_name: str, model: Any) -> Any:
         cfg = model.balancer
@@ -286,6 +325,8 @@ class Gateway:
         )
         # Engines last: in-flight requests were drained before the shutdown hooks ran.
         results += await asyncio.gather(*(e.stop() for e in self.engines.values()), return_exceptions=True)
+        stores = [s for s in (self.tenancy.store, self.cache.store if self.cache else None) if s is not None]
+        results += await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
         # builds and stops many in one process).
         gc.unfreeze()
@@ -391,15 +432,27 @@ class Gateway:
             return
         arrival = loop.time()
         req: InferenceRequest | None = None
+        tenancy = self.tenancy
+        tier: Tier | None = None
         try:
+            headers = scope["headers"]
+            if headers:
+                self._check_header_size(headers)
+            # The credential first: an unauthenticated client's body is never read.
+            principal = tenancy.auth.authenticate(headers) if tenancy.auth else None
             raw = await read_body(scope, receive, self._max_body)
             req = parse_request(raw, api, request_id, arrival)
+            if principal is not None:
+                req.principal = principal
+            self._check_size(req)
             pool = self.routes.get(req.model)
             if pool is None:
                 raise model_not_found(req.model)
-            headers = scope["headers"]
             if headers:
                 self._apply_headers(req, headers, arrival)
+            if tenancy.checks_tier:
+                tier = tenancy.tier_of(req.principal)
+                tenancy.check(req, tier, pool.name)
             pool = self.router.resolve(req, pool)
             self.check_context(req, pool)
         except GatewayError as err:
@@ -410,11 +463,32 @@ class Gateway:
         watch = _Disconnect()
         watch.start(receive)
         record = _Progress()
+        admission: Admission | None = None
+        cache_key: str | None = None
+        filler: Filler | None = None
         try:
+            extra: list[tuple[bytes, bytes]] = []
+            if tenancy.store is not None:
+                try:
+                    admission = await tenancy.acquire(req, tier or tenancy.tiers["default"])
+                except GatewayError as err:
+                    record.fail(err)
+                    await send_error(send, err, req.id)
+                    return
+                if admission is not None:
+                    extra = admission.headers
+            cache = self.cache
+            if cache is not None:
+                cache_key, filler, state = await self._cache_lookup(
+                    cache, req, pool, tier, extra, send, loop, record
+                )
+                if state is _HIT:
+                    return
+                extra = [*extra, (b"x-shuniu-cache", state)]
             if req.stream:
-                await self._stream(req, pool, send, loop, record)
+                await self._stream(req, pool, send, loop, record, extra, filler)
             else:
-                await self._complete(req, pool, send, loop, record)
+                await self._complete(req, pool, send, loop, record, extra, filler)
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -425,8 +499,103 @@ class Gateway:
                 current.uncancel()
         finally:
             watch.stop()
+            if cache_key is not None and filler is not None:
+                await self._cache_finish(cache_key, req, record, filler)
+            if admission is not None:
+                await self._settle(admission, record)
             if self._observers:
                 self._notify(req, record, loop.time())
+
+    def _check_header_size(self, headers: Any) -> None:
+        size = 0
+        for key, value in headers:
+            size += len(key) + len(value) + 4
+        if size > self._max_header_bytes:
+            raise GatewayError(
+                431,
+                f"The request headers are larger than this gateway accepts ({self._max_header_bytes} bytes).",
+                code="headers_too_large",
+            )
+
+    def _check_size(self, req: InferenceRequest) -> None:
+        if req.api == "chat":
+            count = len(req.body["messages"])
+            if count > self._max_messages:
+                raise GatewayError(
+                    400,
+                    f"The request has {count} messages; this gateway accepts at most {self._max_messages}.",
+                    param="messages",
+                    code="too_many_messages",
+                )
+        limit = self._max_prompt_tokens
+        if limit is not None and req.prompt_tokens > limit:
+            raise GatewayError(
+                400,
+                f"The prompt is about {req.prompt_tokens} tokens; this gateway accepts at most {limit}.",
+                param="messages" if req.api == "chat" else "prompt",
+                code="prompt_too_long",
+            )
+
+    async def _cache_lookup(
+        self,
+        cache: ResponseCache,
+        req: InferenceRequest,
+        pool: Pool,
+        tier: Tier | None,
+        extra: list[tuple[bytes, bytes]],
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        record: _Progress,
+    ) -> tuple[str | None, Filler | None, bytes]:
+        """Answer from the cache (→ state ``_HIT``, response sent), or say whether this
+        request fills the entry: ``(key, filler, state)`` with state ``miss``/``bypass``/``skip``."""
+        control = cache.control(req)
+        if control == "no-store" or not cache.cacheable(req, tier is not None and tier.cache):
+            return None, None, b"skip" if control != "no-store" else b"bypass"
+        versions = req.version or pool.versions_key
+        key = cache.key(req, pool.name, versions)
+        if control == "no-cache":
+            return key, Filler(), b"bypass"
+        answer, fills = await cache.lookup(key)
+        if answer is None:
+            return (key, Filler(), b"miss") if fills else (None, None, b"miss")
+        record.cached = True
+        record.endpoint = None
+        record.first_token = loop.time()
+        record.prompt_tokens = answer.prompt_tokens
+        record.completion_tokens = answer.completion_tokens
+        headers = [*extra, (b"x-shuniu-cache", b"hit")]
+        if req.stream:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*_SSE_HEADERS, (b"x-request-id", req.id.encode()), *headers],
+                }
+            )
+            await send({"type": "http.response.body", "body": cache.as_sse(req, answer), "more_body": False})
+        else:
+            await send_json(send, 200, cache.as_json(req, answer), req.id, raw_headers=headers)
+        return None, None, _HIT
+
+    async def _cache_finish(self, key: str, req: InferenceRequest, record: _Progress, filler: Filler) -> None:
+        cache = self.cache
+        assert cache is not None
+        try:
+            if record.outcome is None and record.status == 200:
+                await cache.fill(key, req, filler)
+            else:
+                await cache.abandon(key)
+        except Exception:
+            log.exception("storing an answer in the cache failed")
+
+    async def _settle(self, admission: Admission, record: _Progress) -> None:
+        # A cached answer cost the engines nothing: its whole token reservation goes back.
+        used = 0 if record.cached else record.prompt_tokens + record.completion_tokens
+        try:
+            await self.tenancy.settle(admission, used)
+        except Exception:
+            log.exception("settling rate limits failed")
 
     def _apply_headers(self, req: InferenceRequest, headers: Any, arrival: float) -> None:
         req.headers = headers
@@ -475,12 +644,14 @@ class Gateway:
         send: Send,
         loop: asyncio.AbstractEventLoop,
         record: _Progress,
+        extra: list[tuple[bytes, bytes]],
+        filler: Filler | None,
     ) -> None:
         try:
             ticket = await self._admit(req, pool, record)
         except GatewayError as err:
             record.fail(err)
-            await send_error(send, err, req.id)
+            await send_error(send, err, req.id, extra)
             return
         outcome = Outcome.ERROR
         try:
@@ -490,7 +661,7 @@ class Gateway:
             if err.status >= 500:
                 await self._engine_suspect(ticket.endpoint)
             record.fail(err)
-            await send_error(send, err, req.id)
+            await send_error(send, err, req.id, extra)
             return
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED
@@ -499,14 +670,16 @@ class Gateway:
             await self._engine_suspect(ticket.endpoint)
             err = _backend_failure(ticket.endpoint, exc)
             record.fail(err)
-            await send_error(send, err, req.id)
+            await send_error(send, err, req.id, extra)
             return
         finally:
             pool.scheduler.release(ticket, outcome)
         record.first_token = loop.time()
         record.prompt_tokens = result.usage.prompt_tokens
         record.completion_tokens = result.usage.completion_tokens
-        await send_json(send, 200, encode_completion(req, result), req.id)
+        if filler is not None:
+            filler.completion(result)
+        await send_json(send, 200, encode_completion(req, result), req.id, raw_headers=extra)
 
     async def _stream(
         self,
@@ -515,12 +688,14 @@ class Gateway:
         send: Send,
         loop: asyncio.AbstractEventLoop,
         record: _Progress,
+        extra: list[tuple[bytes, bytes]],
+        filler: Filler | None,
     ) -> None:
         try:
             ticket = await self._admit(req, pool, record)
         except GatewayError as err:
             record.fail(err)
-            await send_error(send, err, req.id)
+            await send_error(send, err, req.id, extra)
             return
         encoder = StreamEncoder(req)
         gen = ticket.endpoint.backend.stream(req)
@@ -538,7 +713,7 @@ class Gateway:
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [*_SSE_HEADERS, (b"x-request-id", req.id.encode())],
+                    "headers": [*_SSE_HEADERS, (b"x-request-id", req.id.encode()), *extra],
                 }
             )
             started = True
@@ -546,10 +721,18 @@ class Gateway:
             if first is not None:
                 head += encoder.chunk(first)
                 await send({"type": "http.response.body", "body": head, "more_body": True})
-                async for chunk in gen:
-                    data = encoder.chunk(chunk)
-                    if data:
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                if filler is None:
+                    async for chunk in gen:
+                        data = encoder.chunk(chunk)
+                        if data:
+                            await send({"type": "http.response.body", "body": data, "more_body": True})
+                else:
+                    filler.chunk(first)
+                    async for chunk in gen:
+                        filler.chunk(chunk)
+                        data = encoder.chunk(chunk)
+                        if data:
+                            await send({"type": "http.response.body", "body": data, "more_body": True})
             elif head:
                 await send({"type": "http.response.body", "body": head, "more_body": True})
             outcome = Outcome.OK
@@ -568,7 +751,7 @@ class Gateway:
                     {"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False}
                 )
             else:
-                await send_error(send, err, req.id)
+                await send_error(send, err, req.id, extra)
         finally:
             try:
                 await gen.aclose()
@@ -577,6 +760,8 @@ class Gateway:
                 usage = encoder.final_usage()
                 record.prompt_tokens = usage.prompt_tokens
                 record.completion_tokens = usage.completion_tokens
+                if filler is not None and filler.usage is None:
+                    filler.usage = usage
 
     async def _engine_suspect(self, endpoint: EndpointState) -> None:
         """A request to ``endpoint`` failed. If it is a launched engine whose process just
@@ -672,6 +857,25 @@ class Gateway:
         status = "draining" if self.draining else ("ready" if ready else "not_ready")
         return ready, {"status": status, "models": models}
 
+    async def hardware_snapshot(self) -> bytes:
+        """The hardware probes' readings as JSON, at most one probe run per
+        ``_HARDWARE_TTL_S`` (NVML start-up or ``npu-smi`` per request would be wasteful)."""
+        loop = asyncio.get_running_loop()
+        cached = self._hardware
+        if cached is not None and loop.time() - cached[0] < _HARDWARE_TTL_S:
+            return cached[1]
+        async with self._hardware_lock:
+            cached = self._hardware
+            if cached is not None and loop.time() - cached[0] < _HARDWARE_TTL_S:
+                return cached[1]
+            # Imported here: the probes are plugins of their own; a gateway that never
+            # serves this route never loads them.
+            from shuniu.hardware.probe import hardware_snapshot_async
+
+            body = _encode(await hardware_snapshot_async(plugins=self.plugins))
+            self._hardware = (loop.time(), body)
+            return body
+
     def _launch_view(self, endpoint: EndpointState) -> dict[str, Any]:
         engine = self.engines.get(endpoint.name)
         return {"launch": engine.snapshot()} if engine is not None else {}
@@ -714,8 +918,25 @@ class Gateway:
             ok, body = gateway.readiness()
             return _json_response(request, 200 if ok else 503, body)
 
+        @get("/admin/hardware")
+        async def hardware(request: Request[Any, Any, Any]) -> Response[bytes]:
+            if gateway.tenancy.auth:
+                try:
+                    gateway.tenancy.auth.authenticate(request.scope["headers"])
+                except GatewayError as err:
+                    return _bytes_response(request, err.status, err.body(), err.headers)
+            return _bytes_response(request, 200, await gateway.hardware_snapshot())
+
         return Litestar(
-            route_handlers=[chat_completions, completions, models, health, ready, *self._extra_routes],
+            route_handlers=[
+                chat_completions,
+                completions,
+                models,
+                health,
+                ready,
+                hardware,
+                *self._extra_routes,
+            ],
             exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
             on_startup=[self.start],
             on_shutdown=[self.stop],
@@ -730,6 +951,7 @@ class _Progress:
 
     __slots__ = (
         "admitted",
+        "cached",
         "completion_tokens",
         "endpoint",
         "error_code",
@@ -748,6 +970,7 @@ class _Progress:
         self.first_token: float | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached = False
 
     def fail(self, err: GatewayError) -> None:
         self.status = err.status

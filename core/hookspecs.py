@@ -113,7 +113,9 @@ def register_authenticators(register: Callable[..., None]) -> None:
 def register_hardware(register: Callable[..., None]) -> None:
     """Register hardware probes (NVIDIA, Ascend, CPU) that report devices and memory.
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``.
+    Called once at start-up. ``register(name, factory)``; ``factory()`` returns an object
+    with ``probe() -> shuniu.hardware.ProbeReport`` (synchronous, run in a worker thread;
+    a missing library or driver is an unavailable report, not an exception).
     Return value ignored.
     """
 

@@ -88,7 +88,9 @@ async def send_json(
     body: bytes,
     request_id: str,
     extra_headers: dict[str, str] | None = None,
+    raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
+    """A whole JSON response. ``raw_headers`` are added as they are (already encoded)."""
     headers = [
         _JSON,
         (b"content-length", str(len(body)).encode()),
@@ -96,9 +98,16 @@ async def send_json(
     ]
     if extra_headers:
         headers.extend((k.encode(), v.encode()) for k, v in extra_headers.items())
+    if raw_headers:
+        headers.extend(raw_headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_error(send: Send, err: GatewayError, request_id: str) -> None:
-    await send_json(send, err.status, err.body(), request_id, err.headers)
+async def send_error(
+    send: Send, err: GatewayError, request_id: str, raw_headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """An OpenAI-style error; ``raw_headers`` are added unless the error sets the same name."""
+    if raw_headers and err.headers:
+        raw_headers = [(k, v) for k, v in raw_headers if k.decode() not in err.headers]
+    await send_json(send, err.status, err.body(), request_id, err.headers, raw_headers)

@@ -104,6 +104,11 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         raise bad_request(
             f"We could not parse the JSON body of your request ({exc}).", None, "invalid_json"
         ) from None
+    except UnicodeDecodeError:
+        # msgspec checks UTF-8 inside strings lazily and raises this rather than DecodeError.
+        raise bad_request(
+            "We could not parse the JSON body of your request (it is not valid UTF-8).", None, "invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", None, "invalid_json")
     try:

@@ -123,6 +123,7 @@ class Pool:
         "name",
         "scheduler",
         "versions",
+        "versions_key",
     )
 
     def __init__(
@@ -144,6 +145,8 @@ class Pool:
         self.dispatched = 0
         """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
         self.versions = frozenset(e.version for e in endpoints)
+        self.versions_key = ",".join(sorted(self.versions))
+        """The versions as one string (a cache key part: answers of any of them)."""
         self._on_change: list[Callable[[Pool], Any]] = []
 
     def has_healthy(self, version: str | None = None) -> bool:

@@ -17,6 +17,7 @@ __all__ = [
     "EndpointLoad",
     "Health",
     "InferenceRequest",
+    "Limits",
     "Outcome",
     "Principal",
     "RequestRecord",
@@ -34,12 +35,42 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
-class Principal(msgspec.Struct, frozen=True):
+class Limits(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Rate limits of one scope (an API key, a tenant). ``None``: no limit of that kind."""
+
+    rpm: int | None = None
+    """Requests per minute."""
+    rpd: int | None = None
+    """Requests per day."""
+    tpm: int | None = None
+    """Tokens (prompt + completion) per minute."""
+    tpd: int | None = None
+    """Tokens per day."""
+    concurrency: int | None = None
+    """Requests in flight at once."""
+
+    def any(self) -> bool:
+        return (
+            self.rpm is not None
+            or self.rpd is not None
+            or self.tpm is not None
+            or self.tpd is not None
+            or self.concurrency is not None
+        )
+
+
+class Principal(msgspec.Struct, frozen=True, omit_defaults=True):
     """Who sent a request. Filled by an authenticator; anonymous on an open gateway."""
 
     tenant: str = "anonymous"
     key_id: str | None = None
+    """A name for the credential (an API key's id, a token's subject), never the secret."""
     tier: str = "default"
+    models: frozenset[str] | None = None
+    """Models (names or aliases) this credential may use, on top of its tier's list;
+    ``None``: any the tier allows."""
+    limits: Limits | None = None
+    """Limits of this credential, overriding its tier's per-key limits field by field."""
 
 
 ANONYMOUS = Principal()

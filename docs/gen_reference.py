@@ -49,6 +49,12 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.health", config.HealthConfig),
     ("models.<name>.load", config.LoadConfig),
     ("models.<name>.routes[]", config.RouteRule),
+    ("auth", config.AuthConfig),
+    ("auth.authenticators[]", config.AuthenticatorConfig),
+    ("tiers.<name>", config.TierConfig),
+    ("tiers.<name>.key_limits, tiers.<name>.tenant_limits", config.LimitsConfig),
+    ("rate_limits", config.RateLimitsConfig),
+    ("cache", config.CacheConfig),
 ]
 
 # Where the options of each plugin category go, and the key that selects the plugin.
@@ -58,6 +64,9 @@ PLUGIN_PLACES: dict[str, tuple[str, str]] = {
     "schedulers": ("models.<name>.scheduler.options", "policy"),
     "filters": ("models.<name>.balancer.filters[].options", "name"),
     "scorers": ("models.<name>.balancer.scorers[].options", "name"),
+    "authenticators": ("auth.authenticators[].options", "kind"),
+    "rate_limiters": ("rate_limits.options", "store"),
+    "caches": ("cache.options", "store"),
 }
 
 
@@ -90,6 +99,8 @@ def _type(annotation: Any) -> str:
     if isinstance(annotation, type):
         if issubclass(annotation, BaseModel):
             return "mapping"
+        if annotation.__name__ == "SecretStr":
+            return "str (secret)"
         return annotation.__name__
     return str(annotation).replace("typing.", "")
 
@@ -195,6 +206,8 @@ def generate() -> str:
     builtin = {info.name for info in plugins.plugins() if info.distribution == BUILTIN_DISTRIBUTION}
     out += ["### Options of the built-in plugins", ""]
     for category in CATEGORIES:
+        if category == "hardware":
+            continue  # probes are not selected in a deployment; docs/hardware.md lists them
         regs = {n: r for n, r in plugins.registered(category).items() if r.plugin in builtin}
         if not regs:
             continue

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_server import redis_server, redis_server_factory, redis_url  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(r"serving .* on http://(\S+):(\d+)")
 

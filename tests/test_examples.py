@@ -83,3 +83,23 @@ def test_tiers_and_routing_example_simulates() -> None:
     main = [per[f"chat-{i}"]["completed"] for i in range(4)]
     assert all(n > 0 for n in main)  # three v1 replicas and the v2 canary all served
     assert result.rejected == 0
+
+
+def test_tenancy_example_serves_keys_tiers_limits_and_cache(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory((ROOT / "examples" / "tenancy.yaml").read_text())
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.base_url, api_key="wrong", max_retries=0).models.with_raw_response.list()
+        openai.OpenAI(base_url=gw.base_url, api_key="wrong", max_retries=0).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+    a = openai.OpenAI(base_url=gw.base_url, api_key="sk-shuniu-demo-team-a-not-secret", max_retries=0)
+    b = openai.OpenAI(base_url=gw.base_url, api_key="sk-shuniu-demo-team-b-not-secret", max_retries=0)
+    ask = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    first = a.chat.completions.with_raw_response.create(**ask)
+    assert first.headers["x-shuniu-cache"] == "miss"
+    assert first.headers["x-ratelimit-limit-requests"] == "600"
+    assert a.chat.completions.with_raw_response.create(**ask).headers["x-shuniu-cache"] == "hit"
+    other = b.chat.completions.with_raw_response.create(**ask)
+    assert other.headers["x-shuniu-cache"] == "miss"  # another tenant
+    assert other.headers["x-ratelimit-limit-requests"] == "10"  # the key's own limit
+    assert other.parse().usage.completion_tokens <= 128  # the free tier's default max_tokens

@@ -42,7 +42,9 @@ BALANCERS = {
     "least_load",
     "prefix_affinity",
 }
-BUILTINS = {"sim", "openai", "vllm", "fifo", "priority", "locality", *BALANCERS}
+TENANCY = {"api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
+HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
+BUILTINS = {"sim", "openai", "vllm", "fifo", "priority", "locality", *BALANCERS, *TENANCY, *HARDWARE}
 
 
 @pytest.fixture(autouse=True)

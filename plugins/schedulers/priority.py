@@ -277,6 +277,17 @@ class PriorityScheduler:
     def queued(self) -> int:
         return self._count
 
+    def adopt_tiers(self, priorities: dict[str, int]) -> None:
+        """Take the deployment's tiers (``tiers:``, name → priority) for those this
+        scheduler's own ``tiers`` options do not name; called once, before traffic."""
+        for name, priority in priorities.items():
+            if name not in self.options.tiers:
+                policy = TierPolicy(priority=priority, client_priority=name == "default")
+                tier = _Tier(name, policy, self.options.max_wait_s)
+                self._tiers[name] = tier
+                if self._default.name == name:
+                    self._default = tier
+
     # -- admission -------------------------------------------------------------------------
 
     async def admit(self, req: InferenceRequest, pool: Pool) -> Ticket:

@@ -1,0 +1,225 @@
+"""``api_keys``: static API keys, stored only as SHA-256 hashes.
+
+A key is a high-entropy random string (``shuniu keys new`` makes one); the deployment holds
+its hash with the tenant, tier, models and limits it grants. Keys can come from the file
+itself, a separate YAML/JSON file (``keys_file``) or an environment variable
+(``keys_env``), so the deployment file can be committed without any secret in it.
+
+Lookup hashes the presented key and finds the entry by that digest. The digest of a
+256-bit random key reveals nothing an attacker can steer, so the dictionary lookup leaks
+nothing useful through timing; the stored and computed digests are still compared with
+:func:`hmac.compare_digest`, so no comparison in this module depends on secret bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from shuniu.core import hookimpl
+from shuniu.core.config import LimitsConfig, Options
+from shuniu.core.types import Limits, Principal
+
+__all__ = ["ApiKey", "ApiKeys", "ApiKeysOptions", "hash_key", "new_key"]
+
+KEY_PREFIX = "sk-shuniu-"
+_HEX = frozenset("0123456789abcdef")
+
+
+def new_key() -> str:
+    """A fresh key: the prefix plus 256 random bits, URL-safe."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """The line to store for ``key``: ``sha256:<hex digest>``."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKey(Options):
+    """One API key, by its hash."""
+
+    id: str = Field(min_length=1, max_length=128)
+    """A name for the key, shown in logs and metrics instead of the key (e.g. ``team-a-ci``)."""
+    hash: str
+    """``sha256:<64 hex digits>`` of the key (``shuniu keys new`` prints it)."""
+    tenant: str = Field(min_length=1, max_length=128)
+    """The tenant the key belongs to: rate limits, fair shares and the cache are per tenant."""
+    tier: str = "default"
+    """The key's tier (``tiers:`` in the deployment)."""
+    models: list[str] | None = None
+    """Models (names or aliases) this key may use, within its tier's; ``None``: the tier's."""
+    limits: LimitsConfig | None = None
+    """This key's own limits, overriding its tier's ``key_limits`` field by field."""
+
+    @field_validator("hash")
+    @classmethod
+    def _hash(cls, value: str) -> str:
+        digest = value.removeprefix("sha256:").lower()
+        if len(digest) != 64 or not set(digest) <= _HEX:
+            raise ValueError(
+                "must be 'sha256:' followed by 64 hex digits (the hash of the key, not the key; "
+                "`shuniu keys new` prints both)"
+            )
+        return "sha256:" + digest
+
+
+class ApiKeysOptions(Options):
+    """Options of the ``api_keys`` authenticator."""
+
+    keys: list[ApiKey] = Field(default_factory=list)
+    """Keys listed in the deployment file."""
+    keys_file: str | None = None
+    """A YAML or JSON file holding a list of keys (same fields), read at start-up."""
+    keys_env: str | None = None
+    """An environment variable holding a YAML or JSON list of keys, read at start-up (for
+    secret stores that inject variables)."""
+
+    @model_validator(mode="after")
+    def _load(self) -> ApiKeysOptions:
+        extra: list[ApiKey] = []
+        if self.keys_file is not None:
+            try:
+                text = Path(self.keys_file).read_text("utf-8")
+            except OSError as exc:
+                raise ValueError(f"keys_file {self.keys_file!r}: cannot read it ({exc.strerror})") from None
+            extra += _parse_keys(text, f"keys_file {self.keys_file!r}")
+        if self.keys_env is not None:
+            text = os.environ.get(self.keys_env)
+            if text is None:
+                raise ValueError(f"keys_env: the environment variable {self.keys_env} is not set")
+            extra += _parse_keys(text, f"keys_env {self.keys_env}")
+        if extra:
+            object.__setattr__(self, "keys", [*self.keys, *extra])
+        ids: set[str] = set()
+        hashes: set[str] = set()
+        for key in self.keys:
+            if key.id in ids:
+                raise ValueError(f"key id {key.id!r} is used twice")
+            if key.hash in hashes:
+                raise ValueError(f"key {key.id!r} has the same hash as another key")
+            ids.add(key.id)
+            hashes.add(key.hash)
+        if not self.keys:
+            raise ValueError("no keys: give `keys`, `keys_file` or `keys_env`")
+        return self
+
+    def referenced_tiers(self) -> dict[str, str]:
+        """Tier name → where it is used, for the deployment's cross-checks."""
+        return {key.tier: f"key {key.id!r}" for key in self.keys}
+
+    def referenced_models(self) -> dict[str, str]:
+        return {m: f"key {key.id!r}" for key in self.keys for m in key.models or ()}
+
+
+def _parse_keys(text: str, where: str) -> list[ApiKey]:
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError:
+        raise ValueError(f"{where}: not valid YAML or JSON") from None
+    if isinstance(data, dict) and "keys" in data:
+        data = data["keys"]
+    if not isinstance(data, list):
+        raise ValueError(f"{where}: expected a list of keys")
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(ApiKey.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{where}: entry {i}: {field}: {first['msg']}") from None
+    return out
+
+
+def _limits(cfg: LimitsConfig | None) -> Limits | None:
+    if cfg is None:
+        return None
+    return Limits(cfg.rpm, cfg.rpd, cfg.tpm, cfg.tpd, cfg.concurrency)
+
+
+class ApiKeys:
+    """Finds a key's principal by the SHA-256 of the presented key."""
+
+    __slots__ = ("_by_digest",)
+
+    def __init__(self, options: ApiKeysOptions) -> None:
+        # One frozen principal per key, built once: authenticating allocates nothing but the
+        # digest.
+        self._by_digest: dict[bytes, tuple[bytes, Principal]] = {}
+        for key in options.keys:
+            digest = bytes.fromhex(key.hash.removeprefix("sha256:"))
+            principal = Principal(
+                tenant=key.tenant,
+                key_id=key.id,
+                tier=key.tier,
+                models=frozenset(key.models) if key.models is not None else None,
+                limits=_limits(key.limits),
+            )
+            self._by_digest[digest] = (digest, principal)
+
+    def authenticate(self, credential: str, headers: Any) -> Principal | None:
+        digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
+        entry = self._by_digest.get(digest)
+        if entry is None or not hmac.compare_digest(entry[0], digest):
+            return None  # not one of ours: a later authenticator may know it
+        return entry[1]
+
+
+@hookimpl
+def register_authenticators(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "api_keys",
+        ApiKeys,
+        options=ApiKeysOptions,
+        description="Static API keys, stored as SHA-256 hashes, each granting a tenant and tier.",
+    )
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    @cli.group("keys")
+    def keys() -> None:
+        """Make and hash API keys for the ``api_keys`` authenticator."""
+
+    @keys.command("new")
+    @click.option("--id", "key_id", default=None, help="Name of the key (default: a random one).")
+    @click.option("--tenant", required=True, help="Tenant the key belongs to.")
+    @click.option("--tier", default="default", show_default=True, help="Tier the key grants.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+    def new(key_id: str | None, tenant: str, tier: str, as_json: bool) -> None:
+        """Print a fresh key ONCE, with the entry to paste into the deployment."""
+        key = new_key()
+        entry = {
+            "id": key_id or f"key-{secrets.token_hex(4)}",
+            "hash": hash_key(key),
+            "tenant": tenant,
+            "tier": tier,
+        }
+        if as_json:
+            click.echo(json.dumps({"key": key, "entry": entry}))
+            return
+        click.secho("New API key (shown only now; shuniu stores only its hash):", bold=True, err=True)
+        click.echo(key)
+        click.secho(
+            "\nAdd this entry under auth.authenticators[kind=api_keys].options.keys:", bold=True, err=True
+        )
+        click.echo(yaml.safe_dump([entry], sort_keys=False).rstrip())
+
+    @keys.command("hash")
+    def hash_cmd() -> None:
+        """Read a key on standard input and print its ``sha256:`` line."""
+        key = sys.stdin.readline().strip()
+        if not key:
+            raise click.UsageError("no key on standard input")
+        click.echo(hash_key(key))

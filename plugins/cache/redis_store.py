@@ -1,0 +1,142 @@
+"""``redis`` cache store: answers shared by every gateway using one Redis, with a TTL, and a
+fill lock so that concurrent misses across gateways go to the engine once.
+
+An unreachable Redis never fails a request: a failed read is a miss, a failed write is
+dropped, and the fill lock is granted (each gateway then fills on its own). The outage and
+the recovery are logged once each, not per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from pydantic import Field
+
+from shuniu.core import hookimpl
+from shuniu.core.config import Options
+from shuniu.core.extras import require
+from shuniu.plugins.ratelimit.redis_store import redact_url
+
+__all__ = ["RedisCache", "RedisCacheOptions"]
+
+log = logging.getLogger("shuniu.cache.redis")
+
+# Delete the lock only if this process still holds it (it may have expired and been taken).
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisCacheOptions(Options):
+    """Options of the ``redis`` cache store."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    """Redis URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS)."""
+    key_prefix: str = "shuniu:cache:"
+    """Prefix of every key this store writes."""
+    timeout_s: float = Field(0.25, gt=0)
+    """Connect and read timeout of each call; slower counts as unreachable."""
+    retry_after_s: float = Field(1.0, gt=0)
+    """After a failure, how long to treat Redis as down before trying it again."""
+    max_connections: int = Field(64, ge=1)
+    """Connection pool size."""
+
+
+class RedisCache:
+    """A cache store in Redis (``SET … PX`` for answers, ``SET NX PX`` for fill locks)."""
+
+    def __init__(self, options: RedisCacheOptions | None = None) -> None:
+        opts = options or RedisCacheOptions()
+        redis = require("redis.asyncio", "redis", "The redis cache store")
+        self._errors = require("redis.exceptions", "redis", "The redis cache store")
+        self.options = opts
+        self._prefix = opts.key_prefix
+        self._client: Any = redis.Redis.from_url(
+            opts.url,
+            socket_timeout=opts.timeout_s,
+            socket_connect_timeout=opts.timeout_s,
+            max_connections=opts.max_connections,
+        )
+        self._unlock = self._client.register_script(_UNLOCK)
+        self._owner = os.urandom(8).hex()
+        self._down_until = 0.0
+        self.down = False
+
+    def _available(self) -> bool:
+        return not self.down or time.monotonic() >= self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        self._down_until = time.monotonic() + self.options.retry_after_s
+        if not self.down:
+            self.down = True
+            log.warning(
+                "cache store unreachable at %s (%s); serving without the shared cache until it is back",
+                redact_url(self.options.url),
+                type(exc).__name__,
+            )
+
+    def _ok(self) -> None:
+        if self.down:
+            self.down = False
+            log.warning("cache store at %s is reachable again", redact_url(self.options.url))
+
+    async def get(self, key: str) -> bytes | None:
+        if not self._available():
+            return None
+        try:
+            value = await self._client.get(self._prefix + key)
+        except (self._errors.RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        self._ok()
+        return value
+
+    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+        if not self._available():
+            return
+        try:
+            await self._client.set(self._prefix + key, value, px=max(1, int(ttl_s * 1000)))
+        except (self._errors.RedisError, OSError) as exc:
+            self._failed(exc)
+            return
+        self._ok()
+
+    async def lock(self, key: str, ttl_s: float) -> bool:
+        if not self._available():
+            return True
+        try:
+            got = await self._client.set(
+                self._prefix + "lock:" + key, self._owner, nx=True, px=max(1, int(ttl_s * 1000))
+            )
+        except (self._errors.RedisError, OSError) as exc:
+            self._failed(exc)
+            return True
+        self._ok()
+        return bool(got)
+
+    async def unlock(self, key: str) -> None:
+        if not self._available():
+            return
+        try:
+            await self._unlock(keys=[self._prefix + "lock:" + key], args=[self._owner])
+        except (self._errors.RedisError, OSError) as exc:
+            self._failed(exc)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+@hookimpl
+def register_caches(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "redis",
+        RedisCache,
+        options=RedisCacheOptions,
+        description="Answers in Redis with a TTL, shared by gateways; fill locks across processes.",
+    )

@@ -1,0 +1,219 @@
+"""``memory``: rate limits kept in the gateway process.
+
+Right for a single gateway, and as the Redis store's fallback while Redis is unreachable.
+Each GCRA key is one float in a dict; each concurrency key a dict of the tokens holding a
+lease. Every method runs without awaiting, so within one event loop each call is atomic.
+
+A key whose ``tat`` is in the past holds no information (it is as if absent), so expired
+keys are swept whenever the dict has doubled since the last sweep: amortised O(1) per new
+key, and the dict stays near the number of keys used within one period.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from pydantic import Field
+
+from shuniu.core import hookimpl
+from shuniu.core.config import Options
+from shuniu.core.ratelimit import Decision, Lease, Rate
+from shuniu.plugins.ratelimit.gcra import check, remaining
+
+__all__ = ["MemoryRateLimitOptions", "MemoryRateLimitStore"]
+
+log = logging.getLogger("shuniu.ratelimit")
+
+_MIN_SWEEP = 4096
+"""No sweep runs while fewer keys than this are held: sweeping tiny dicts buys nothing."""
+_LEASE_RETRY_S = 1.0
+"""``retry_after_s`` for a full concurrency limit: when a holder finishes is unknowable."""
+
+
+class MemoryRateLimitOptions(Options):
+    """Options of the ``memory`` rate-limit store."""
+
+    max_keys: int = Field(1_000_000, ge=1)
+    """Most rate-limit keys kept (one per scope and kind, about 100 bytes each). Keys that
+    have refilled are dropped first; if live keys alone exceed this, the ones closest to
+    full are forgotten (about a tenth at a time, with a warning), which lets those scopes
+    start over with a full allowance: more keys than this means the limits are keyed too
+    finely (e.g. by a value clients choose)."""
+
+
+class MemoryRateLimitStore:
+    """The :class:`shuniu.core.ratelimit.RateLimitStore` of one process."""
+
+    clock: Callable[[], float]
+    """Seconds on a monotonic clock; tests replace it to move time."""
+
+    def __init__(
+        self,
+        options: MemoryRateLimitOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        scale: float = 1.0,
+    ) -> None:
+        """``scale`` multiplies every limit (the Redis store's fail-open fallback uses it)."""
+        self.options = options or MemoryRateLimitOptions()
+        self.clock = clock
+        self.scale = scale
+        self._tats: dict[str, float] = {}
+        self._leases: dict[str, dict[str, float]] = {}
+        """Concurrency key → token → when that lease expires."""
+        self._sweep_at = min(_MIN_SWEEP, self.options.max_keys)
+        self._warned_full = False
+
+    # -- the protocol --------------------------------------------------------------------
+
+    async def acquire(self, rates: Sequence[Rate], leases: Sequence[Lease], token: str) -> Decision:
+        return self.acquire_now(rates, leases, token)
+
+    async def settle(self, adjust: Sequence[tuple[Rate, float]], leases: Sequence[Lease], token: str) -> None:
+        self.settle_now(adjust, leases, token)
+
+    async def close(self) -> None:
+        self._tats.clear()
+        self._leases.clear()
+
+    # -- synchronous versions (atomic by construction) ------------------------------------
+
+    def acquire_now(self, rates: Sequence[Rate], leases: Sequence[Lease], token: str) -> Decision:
+        """:meth:`acquire` without the coroutine."""
+        now = self.clock()
+        tats = self._tats
+        scale = self.scale
+        worst = 0.0
+        denied: str | None = None
+        before: list[float] = []
+        after: list[float] = []
+        booked: dict[str, float] = {}  # keys booked earlier in this call (a key given twice)
+        for rate in rates:
+            key = rate.key
+            stored = tats.get(key, now)
+            tat = booked.get(key, stored)
+            debt = tat - now if tat > now else 0.0
+            new_debt, retry = check(debt, rate.limit * scale, rate.period_s, rate.cost)
+            before.append(stored - now if stored > now else 0.0)
+            after.append(new_debt)
+            if retry:
+                if retry > worst:  # the limit that refuses longest is the one to report
+                    worst, denied = retry, key
+            elif new_debt > 0.0:  # a cost-0 check of a full key leaves no entry behind
+                booked[key] = now + new_debt
+        held = self._leases
+        for lease in leases:
+            holders = held.get(lease.key)
+            if holders is not None and token in holders:
+                continue  # already held by this request
+            limit = lease.limit if scale == 1.0 else max(1, int(lease.limit * scale))
+            if holders and len(holders) >= limit:
+                self._expire(holders, now)
+            if (len(holders) if holders else 0) >= limit and _LEASE_RETRY_S > worst:
+                worst, denied = _LEASE_RETRY_S, lease.key
+
+        if denied is None:
+            for key, tat in booked.items():
+                if key not in tats and len(tats) >= self._sweep_at:
+                    self._sweep(now)
+                    tats = self._tats
+                tats[key] = tat
+            for lease in leases:
+                holders = held.get(lease.key)
+                if holders is None:
+                    held[lease.key] = holders = {}
+                holders[token] = now + lease.ttl_s
+        else:
+            after = before  # nothing recorded
+        return Decision(
+            allowed=denied is None,
+            retry_after_s=worst,
+            denied=denied,
+            remaining=tuple(
+                remaining(d, r.limit * scale, r.period_s) for d, r in zip(after, rates, strict=True)
+            ),
+            reset_s=tuple(after),
+        )
+
+    def settle_now(self, adjust: Sequence[tuple[Rate, float]], leases: Sequence[Lease], token: str) -> None:
+        """:meth:`settle` without the coroutine."""
+        now = self.clock()
+        tats = self._tats
+        for rate, delta in adjust:
+            limit = rate.limit * self.scale
+            if not delta or limit <= 0:
+                continue
+            key = rate.key
+            tat = tats.get(key, now)
+            if tat <= now:
+                if delta < 0:
+                    continue  # nothing booked to give back
+                tat = now
+            tat += delta * rate.period_s / limit
+            if tat > now:
+                if key not in tats and len(tats) >= self._sweep_at:
+                    self._sweep(now)
+                    tats = self._tats
+                tats[key] = tat
+            else:
+                tats.pop(key, None)  # refunded past the clock: the key is full again
+        held = self._leases
+        for lease in leases:
+            holders = held.get(lease.key)
+            if holders is not None and holders.pop(token, None) is not None and not holders:
+                del held[lease.key]
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Rate-limit keys held (expired ones included until the next sweep)."""
+        return len(self._tats)
+
+    @staticmethod
+    def _expire(holders: dict[str, float], now: float) -> None:
+        """Drop leases never released (a request that did not settle)."""
+        for token in [t for t, until in holders.items() if until <= now]:
+            del holders[token]
+
+    def _sweep(self, now: float) -> None:
+        """Drop keys that have refilled; forget the fullest live ones beyond ``max_keys``."""
+        tats = {k: v for k, v in self._tats.items() if v > now}
+        max_keys = self.options.max_keys
+        if len(tats) >= max_keys:
+            keep = max_keys - max(1, max_keys // 10)
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning(
+                    "rate-limit memory store holds %d live keys (max_keys: %d); forgetting "
+                    "the ones closest to full, which restarts their allowance",
+                    len(tats),
+                    max_keys,
+                )
+            tats = dict(heapq.nlargest(keep, tats.items(), key=lambda kv: kv[1]))
+        self._tats = tats
+        self._sweep_at = min(max(2 * len(tats), _MIN_SWEEP), max_keys)
+        for key in list(self._leases):
+            holders = self._leases[key]
+            self._expire(holders, now)
+            if not holders:
+                del self._leases[key]
+
+
+def _build(options: MemoryRateLimitOptions | None = None) -> MemoryRateLimitStore:
+    return MemoryRateLimitStore(options)
+
+
+@hookimpl
+def register_rate_limiters(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "memory",
+        _build,
+        options=MemoryRateLimitOptions,
+        description=(
+            "Rate and concurrency limits kept in the gateway process (GCRA): exact for one "
+            "gateway; with several, each enforces the limits on its own."
+        ),
+    )

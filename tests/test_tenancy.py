@@ -1,0 +1,191 @@
+"""Tiers and rate-limit plans on the request path (core/tenancy.py), with the memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from shuniu.core.config import Deployment
+from shuniu.core.errors import GatewayError
+from shuniu.core.openai_api import parse_request
+from shuniu.core.ratelimit import format_reset
+from shuniu.core.tenancy import Tenancy
+from shuniu.core.types import InferenceRequest, Limits, Principal
+from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
+from shuniu.plugins.schedulers.priority import PriorityOptions, PriorityScheduler, TierPolicy
+
+
+def _deployment(**extra: object) -> Deployment:
+    return Deployment.model_validate(
+        {"models": {"m": {"aliases": ["alias"], "endpoints": [{"kind": "sim"}]}}, **extra}
+    )
+
+
+def _req(body: dict, principal: Principal) -> InferenceRequest:  # type: ignore[type-arg]
+    req = parse_request(
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}).encode(),
+        "chat",
+        "r",
+        0.0,
+    )
+    req.principal = principal
+    return req
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.02, "20ms"),
+        (0.0004, "1ms"),
+        (1, "1s"),
+        (1.5, "1.5s"),
+        (60, "1m0s"),
+        (360, "6m0s"),
+        (3725.25, "1h2m5.25s"),
+    ],
+)
+def test_format_reset_matches_openai_style(seconds: float, text: str) -> None:
+    assert format_reset(seconds) == text
+
+
+def test_tier_checks_models_max_tokens_and_prompt() -> None:
+    d = _deployment(
+        tiers={
+            "free": {
+                "models": ["alias"],
+                "max_tokens_default": 7,
+                "max_tokens_limit": 9,
+                "max_prompt_tokens": 5,
+            }
+        }
+    )
+    t = Tenancy(d, [], None)
+    tier = t.tier_of(Principal(tier="free"))
+    req = _req({}, Principal(tier="free"))
+    req.model = "alias"
+    t.check(req, tier, "m")
+    assert req.max_tokens == 7 and req.body["max_tokens"] == 7
+    req = _req({}, Principal(tier="free"))  # "m" is not in the list, only its alias
+    with pytest.raises(GatewayError) as e:
+        t.check(req, tier, "m")
+    assert e.value.status == 404
+    req = _req({"max_tokens": 10}, Principal(tier="free"))
+    req.model = "alias"
+    with pytest.raises(GatewayError, match="above the 9"):
+        t.check(req, tier, "m")
+    req = _req(
+        {"messages": [{"role": "user", "content": "one two three four five six"}]}, Principal(tier="free")
+    )
+    req.model = "alias"
+    with pytest.raises(GatewayError) as e:
+        t.check(req, tier, "m")
+    assert e.value.code == "prompt_too_long"
+    # The credential's own list narrows the tier's.
+    req = _req({}, Principal(tier="default", models=frozenset({"other"})))
+    with pytest.raises(GatewayError):
+        t.check(req, t.tier_of(req.principal), "m")
+    with pytest.raises(GatewayError) as e:
+        t.tier_of(Principal(tier="platinum"))
+    assert e.value.status == 403
+
+
+def test_key_limits_override_the_tiers_and_all_limits_are_checked_together() -> None:
+    async def run() -> None:
+        d = _deployment(tiers={"free": {"key_limits": {"rpm": 5, "tpm": 1000}, "tenant_limits": {"rpm": 3}}})
+        now = [0.0]
+        store = MemoryRateLimitStore(None)
+        store.clock = lambda: now[0]
+        t = Tenancy(d, [], store)
+        tier = t.tiers["free"]
+        # Key rpm 5 overridden to 10; the tenant's 3 binds first.
+        a = Principal(tenant="acme", key_id="a", tier="free", limits=Limits(rpm=10))
+        b = Principal(tenant="acme", key_id="b", tier="free")
+        admissions = [await t.acquire(_req({"max_tokens": 10}, p), tier) for p in (a, b, a)]
+        assert all(x is not None for x in admissions)
+        headers = dict(admissions[-1].headers)  # type: ignore[union-attr]
+        assert (
+            headers[b"x-ratelimit-limit-requests"] == b"3"
+            and headers[b"x-ratelimit-remaining-requests"] == b"0"
+        )
+        with pytest.raises(GatewayError) as e:
+            await t.acquire(_req({"max_tokens": 10}, b), tier)
+        assert e.value.status == 429 and "tenant 'acme'" in e.value.message
+        assert e.value.headers["retry-after"] == "20"  # one request refills in 60/3 s
+        # Another tenant is untouched.
+        other = await t.acquire(
+            _req({"max_tokens": 10}, Principal(tenant="x", key_id="c", tier="free")), tier
+        )
+        assert other is not None
+        # Admissions carry what settles them.
+        assert admissions[0] is not None and admissions[0].reserved == 13
+
+    asyncio.run(run())
+
+
+def test_settling_gives_back_the_unused_reservation() -> None:
+    async def run() -> None:
+        d = _deployment(tiers={"t": {"key_limits": {"tpm": 100}}})
+        store = MemoryRateLimitStore(None)
+        store.clock = lambda: 0.0  # no refill during the test
+        t = Tenancy(d, [], store)
+        p = Principal(tenant="a", key_id="k", tier="t")
+        first = await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
+        assert first is not None and first.reserved == 53
+        with pytest.raises(GatewayError) as e:
+            await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
+        assert e.value.type == "tokens"
+        await t.settle(first, used_tokens=10)  # 43 of the 53 come back
+        second = await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
+        assert second is not None
+        assert dict(second.headers)[b"x-ratelimit-remaining-tokens"] == b"37"  # 100 - 10 - 53
+
+    asyncio.run(run())
+
+
+def test_a_request_too_large_for_a_token_limit_is_refused_at_once() -> None:
+    async def run() -> None:
+        d = _deployment(tiers={"t": {"key_limits": {"tpm": 100}}})
+        t = Tenancy(d, [], MemoryRateLimitStore(None))
+        with pytest.raises(GatewayError, match="Request too large"):
+            await t.acquire(
+                _req({"max_tokens": 200}, Principal(tenant="a", key_id="k", tier="t")), t.tiers["t"]
+            )
+        # No max_tokens: the default output reservation (256) is above 100 too.
+        with pytest.raises(GatewayError, match="requested"):
+            await t.acquire(_req({}, Principal(tenant="a", key_id="k", tier="t")), t.tiers["t"])
+
+    asyncio.run(run())
+
+
+def test_no_limits_no_store_call() -> None:
+    async def run() -> None:
+        class Exploding:
+            async def acquire(self, *a: object) -> None:
+                raise AssertionError("store called without limits")
+
+        t = Tenancy(_deployment(tiers={"t": {}}), [], Exploding())  # type: ignore[arg-type]
+        assert await t.acquire(_req({}, Principal(tier="t")), t.tiers["t"]) is None
+
+    asyncio.run(run())
+
+
+def test_priority_scheduler_adopts_deployment_tiers_it_does_not_configure() -> None:
+    s = PriorityScheduler(PriorityOptions(tiers={"gold": TierPolicy(priority=1)}))
+    s.adopt_tiers({"gold": 9, "free": 5, "pro": 0})
+    assert s._tiers["gold"].priority == 1  # its own configuration wins
+    assert s._tiers["free"].priority == 5 and s._tiers["pro"].priority == 0
+    assert not s._tiers["free"].client_priority
+
+
+def test_identity_headers_only_without_authenticators() -> None:
+    d = _deployment(gateway={"identity_headers": True})
+    assert Tenancy(d, [], None).identity_headers
+
+    class Any_:
+        def authenticate(self, credential: str, headers: object) -> None:
+            return None
+
+    assert not Tenancy(d, [Any_()], None).identity_headers
