@@ -272,3 +272,63 @@ def test_admin_hardware_needs_a_credential_when_auth_is_on(gw) -> None:  # type:
 def test_admin_hardware_on_an_open_gateway(gateway) -> None:  # type: ignore[no-untyped-def]
     r = httpx.get(f"{gateway.url}/admin/hardware", timeout=30)
     assert r.status_code == 200 and {p["probe"] for p in r.json()["probes"]} >= {"cpu", "nvidia", "ascend"}
+
+
+JWT_DEPLOYMENT = f"""
+tiers:
+  gold: {{key_limits: {{rpm: 2}}}}
+auth:
+  authenticators:
+    - kind: api_keys
+      options:
+        keys:
+          - {{id: k, hash: "{hash_key(KEYS["pro"])}", tenant: acme}}
+    - kind: jwt
+      options:
+        algorithms: [HS256]
+        issuer: https://id.example.test
+        audience: shuniu
+        secret: ${{JWT_SECRET}}
+        tier_claim: plan
+models:
+  chat:
+    endpoints:
+      - {{kind: sim, options: {{ttft_ms: 0, tokens_per_s: 0}}}}
+"""
+
+
+def test_jwt_through_the_gateway_after_api_keys(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import jwt
+
+    secret = "s" * 40
+    gw = gateway_factory(JWT_DEPLOYMENT, env={"JWT_SECRET": secret})
+    now = int(time.time())
+    claims = {
+        "iss": "https://id.example.test",
+        "aud": "shuniu",
+        "sub": "svc-7",
+        "tenant": "acme",
+        "plan": "gold",
+    }
+    good = jwt.encode({**claims, "exp": now + 300}, secret, algorithm="HS256")
+    r = _post(gw, good, _chat(max_tokens=2))
+    assert r.status_code == 200
+    assert r.headers["x-ratelimit-limit-requests"] == "2"  # the gold tier came from the claim
+    assert _post(gw, KEYS["pro"], _chat(max_tokens=2)).status_code == 200  # the API key still works
+    refused = {
+        "expired": jwt.encode({**claims, "exp": now - 600}, secret, algorithm="HS256"),
+        "audience": jwt.encode({**claims, "aud": "other", "exp": now + 300}, secret, algorithm="HS256"),
+        "signature": jwt.encode({**claims, "exp": now + 300}, "t" * 40, algorithm="HS256"),
+        "alg none": jwt.encode({**claims, "exp": now + 300}, None, algorithm="none"),  # type: ignore[arg-type]
+    }
+    for what, token in refused.items():
+        r = _post(gw, token, _chat(max_tokens=2))
+        assert r.status_code == 401, what
+        assert token not in r.text and secret not in r.text
+    unknown_tier = jwt.encode({**claims, "plan": "platinum", "exp": now + 300}, secret, algorithm="HS256")
+    r = _post(gw, unknown_tier, _chat(max_tokens=2))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "unknown_tier"
+    output = "".join(gw.output)
+    assert secret not in output and good not in output
