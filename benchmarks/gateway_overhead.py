@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/gateway_overhead.py [--duration S] [--json OUT]
+    python benchmarks/gateway_overhead.py [--duration S] [--tenancy none|memory|redis] [--json OUT]
 
 It starts ``benchmarks/instant_upstream.py`` and ``shuniu serve`` (a generated deployment
 with one ``openai`` endpoint pointing at the upstream, ``--port 0``) as child processes,
@@ -13,7 +13,18 @@ then, twice against the same gateway process (to show whether memory grows run t
    so that load from elsewhere on the machine hits both alike);
 2. requests/s at c=64, non-streamed, through the gateway, for ``--duration`` seconds,
    with the gateway's CPU time (``/proc/PID/stat``) over exactly the measured window;
-3. streamed chunks/s at c=64 (``"stream": true``, ``--max-tokens`` tokens per response).
+3. streamed chunks/s at c=64 (``"stream": true``, ``--max-tokens`` tokens per response);
+4. cache hits at c=1: as 1., with ``"temperature": 0`` in every body, so that with a cache
+   every gateway answer after the first is a hit (checked with one request first: the
+   response header ``x-shuniu-cache`` must say ``hit``); without one, a baseline.
+
+``--tenancy memory`` or ``redis`` adds the tenancy features to the deployment: an
+``api_keys`` authenticator with one fresh key (sent as ``Authorization: Bearer ...`` on every
+request, to the upstream too, which ignores it), a tier whose key and tenant limits (RPM, TPM
+and concurrency) are far too high to bind but are all checked, ``rate_limits`` and ``cache``
+with that store. ``redis`` starts its own ``redis-server`` on a free port of 127.0.0.1 (and
+reports its CPU time too). Phases 1-3 send non-deterministic requests: the cache lookup is
+skipped (``x-shuniu-cache: skip``) and every other step runs.
 
 The gateway's RSS (``/proc/PID/status`` VmRSS) is read after every phase. Every load phase
 runs ``benchmarks/loadgen.py`` in its own process. Every process started here is stopped by
@@ -23,6 +34,7 @@ its PID on exit, Ctrl-C or error. Only 127.0.0.1 is used.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -47,7 +59,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from shuniu.plugins.auth.api_keys import hash_key, new_key
+
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 UPSTREAM = HERE / "instant_upstream.py"
 LOADGEN = HERE / "loadgen.py"
 MODEL = "bench"
@@ -59,6 +74,10 @@ TARGET_RSS_MIB = 100.0
 RSS_GROWTH_TOLERANCE_MIB = 2.0  # "no growth": run 2 ends within this of run 1
 OTHER_LOAD_WARN_CORES = 0.2  # CPU used by processes not ours during a phase (max over phases)
 REFERENCE_CPU_MS = 0.34  # bare aiohttp reverse proxy on uvloop, same machines
+TENANCIES = ("none", "memory", "redis")
+CACHE_BODY = {"temperature": 0}  # deterministic: cacheable
+# Limits far above anything a run reaches, so that every store call happens and none binds.
+NEVER_BINDING = "{rpm: 10000000, tpm: 10000000000, concurrency: 100000}"
 
 _UPSTREAM_READY = re.compile(r"serving on http://(\S+):(\d+)")
 _GATEWAY_READY = re.compile(r"serving .* on http://(\S+):(\d+)")
@@ -175,6 +194,95 @@ models:
         options: {{base_url: "http://127.0.0.1:{port}/v1", model: "{model}"}}
 """
 
+TENANCY = """\
+tiers:
+  bench:
+    key_limits: {limits}
+    tenant_limits: {limits}
+auth:
+  authenticators:
+    - kind: api_keys
+      options:
+        keys:
+          - {{id: bench-1, hash: "{hash}", tenant: bench, tier: bench}}
+rate_limits:
+  store: {store}
+  options: {options}
+cache:
+  store: {store}
+  options: {options}
+  ttl_s: 3600
+"""
+
+
+def deployment_yaml(
+    *, port: int, balancer: str, scheduler: str, tenancy: str, key_hash: str, redis_url: str
+) -> str:
+    text = DEPLOYMENT.format(model=MODEL, port=port, balancer=balancer, scheduler=scheduler)
+    if tenancy == "none":
+        return text
+    options = "{}" if tenancy == "memory" else f'{{url: "{redis_url}"}}'
+    return text + TENANCY.format(limits=NEVER_BINDING, hash=key_hash, store=tenancy, options=options)
+
+
+def start_redis() -> Any:
+    """A ``redis-server`` of this run on a free port (``tests/redis_server.py``)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # for tests/
+    from tests.redis_server import RedisServer, redis_server_binary
+
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("--tenancy redis needs redis-server (apt-get install -y redis-server)")
+    for attempt in range(3):  # another process may take the free port before the server does
+        server = RedisServer(binary)
+        try:
+            server.start()
+            return server
+        except RuntimeError:
+            server.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _post(host: str, port: int, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+    """One request to the gateway (stdlib, no proxy): (status, ``x-shuniu-cache``)."""
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **headers})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader("x-shuniu-cache")
+    finally:
+        conn.close()
+
+
+def check_tenancy(host: str, port: int, key: str, max_tokens: int) -> str:
+    """Before the cache-hit phase: without a key → 401; a plain request → cache ``skip``; the
+    phase's deterministic request twice → the second is a ``hit``. Returns that state."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from loadgen import make_body
+
+    auth = {"Authorization": f"Bearer {key}"}
+    status, _ = _post(host, port, make_body("chat", MODEL, max_tokens, False), {})
+    if status != 401:
+        raise RuntimeError(f"a request without an API key got {status}, not 401")
+    status, state = _post(host, port, make_body("chat", MODEL, max_tokens, False), auth)
+    if status != 200 or state != "skip":
+        raise RuntimeError(f"a non-deterministic request got {status}, x-shuniu-cache {state!r} (not skip)")
+    body = make_body("chat", MODEL, max_tokens, False, CACHE_BODY)
+    states = []
+    for _ in range(2):
+        status, state = _post(host, port, body, auth)
+        if status != 200:
+            raise RuntimeError(f"a deterministic request got {status}")
+        states.append(state)
+    if states[1] != "hit":
+        raise RuntimeError(f"the cache did not hit: x-shuniu-cache {states} for the same request twice")
+    return "hit"
+
 
 # -- phases ------------------------------------------------------------------------------
 
@@ -187,6 +295,7 @@ class Settings:
     max_tokens: int
     engine: str
     runs: int
+    tenancy: str = "none"
 
 
 @dataclass
@@ -195,16 +304,23 @@ class RunResult:
     gateway: dict[str, Any] = field(default_factory=dict)
     rps: dict[str, Any] = field(default_factory=dict)
     stream: dict[str, Any] = field(default_factory=dict)
+    cache_direct: dict[str, Any] = field(default_factory=dict)
+    cache_gateway: dict[str, Any] = field(default_factory=dict)
+    cache_state: str | None = None
+    """``x-shuniu-cache`` of the checked request before the cache-hit phase (None: no cache)."""
     rss_mib: dict[str, float] = field(default_factory=dict)
 
 
 class Runner:
-    def __init__(self, settings: Settings, children: Children, progress: Progress) -> None:
+    def __init__(self, settings: Settings, children: Children, progress: Progress, key: str | None) -> None:
         self.s = settings
         self.children = children
         self.progress = progress
-        self.overall = progress.add_task("overall", total=settings.runs * 3)
+        self.key = key
+        self.headers = [f"--header=Authorization:Bearer {key}"] if key else []
+        self.overall = progress.add_task("overall", total=settings.runs * 4)
         self.phase = progress.add_task("", total=1, visible=False)
+        self.watch: dict[str, int] = {}
 
     def loadgen(self, label: str, expected_s: float, args: list[str]) -> dict[str, Any]:
         """Run loadgen.py in its own process; show its progress by time."""
@@ -239,15 +355,16 @@ class Runner:
         return result
 
     def latency(
-        self, label: str, direct: str, through: str, watch: dict[str, int]
+        self, label: str, direct: str, through: str, watch: dict[str, int], body: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """c=1 against both, in alternating blocks of 100 (one loadgen process)."""
+        extra = ["--body-json", json.dumps(body)] if body else []
         result = self.loadgen(
             label,
             max(2.0, self.s.requests * 0.002),
             ["latency", direct, "--compare", through, "--requests", str(self.s.requests),
              "--max-seconds", "60", "--max-tokens", str(self.s.max_tokens), "--model", MODEL,
-             *[f"--watch={name}={pid}" for name, pid in watch.items()]],
+             *[f"--watch={name}={pid}" for name, pid in watch.items()], *self.headers, *extra],
         )  # fmt: skip
         other = result.pop("compare")
         if other.get("errors"):
@@ -257,7 +374,7 @@ class Runner:
     def saturate(self, label: str, mode: str, base: str, watch: dict[str, int]) -> dict[str, Any]:
         args = [mode, base, "-c", str(self.s.concurrency), "--duration", f"{self.s.duration:g}",
                 "--warmup", "1", "--engine", self.s.engine, "--max-tokens", str(self.s.max_tokens),
-                "--model", MODEL]  # fmt: skip
+                "--model", MODEL, *self.headers]  # fmt: skip
         for name, pid in watch.items():
             args += ["--watch", f"{name}={pid}"]
         return self.loadgen(label, self.s.duration + 1.5, args)
@@ -265,7 +382,7 @@ class Runner:
     def run(self, n: int, upstream: Child, gateway: Child) -> RunResult:
         direct = f"http://{upstream.host}:{upstream.port}/v1"
         through = f"http://{gateway.host}:{gateway.port}/v1"
-        watch = {"gateway": gateway.pid, "upstream": upstream.pid}
+        watch = {"gateway": gateway.pid, "upstream": upstream.pid, **self.watch}
         r = RunResult()
         r.rss_mib["start"] = rss_mib(gateway.pid)
         r.direct, r.gateway = self.latency(
@@ -281,6 +398,14 @@ class Runner:
         )
         r.rss_mib["after stream"] = rss_mib(gateway.pid)
         self.progress.advance(self.overall)
+        if self.key is not None:
+            r.cache_state = check_tenancy(gateway.host, gateway.port, self.key, self.s.max_tokens)
+        what = "cache hits" if self.key is not None else "temperature 0 (no cache)"
+        r.cache_direct, r.cache_gateway = self.latency(
+            f"run {n}: c=1 {what}, direct and through gateway", direct, through, watch, CACHE_BODY
+        )
+        r.rss_mib["after cache hits"] = rss_mib(gateway.pid)
+        self.progress.advance(self.overall)
         return r
 
 
@@ -295,7 +420,9 @@ def summarize(runs: list[RunResult]) -> list[dict[str, Any]]:
         d, g = r.direct["latency_ms"], r.gateway["latency_ms"]
         rps_cpu = r.rps["cpu_s"].get("gateway", float("nan"))
         st_cpu = r.stream["cpu_s"].get("gateway", float("nan"))
-        end = r.rss_mib["after stream"]
+        end = list(r.rss_mib.values())[-1]
+        cd, cg = r.cache_direct["latency_ms"], r.cache_gateway["latency_ms"]
+        redis_cpu = r.rps["cpu_ms_per_request"].get("redis")
         out.append(
             {
                 "direct_p50_ms": d["p50"],
@@ -320,8 +447,22 @@ def summarize(runs: list[RunResult]) -> list[dict[str, Any]]:
                 "gateway_core_use_stream": (
                     round(st_cpu / r.stream["duration_s"], 3) if r.stream["duration_s"] else None
                 ),
-                "errors": sum(x["errors"] for x in (r.direct, r.gateway, r.rps, r.stream)),
-                "other_cores_max": max(x.get("other_cores", 0.0) for x in (r.direct, r.rps, r.stream)),
+                "redis_cpu_ms_per_request": redis_cpu,
+                "redis_cpu_ms_per_stream": r.stream["cpu_ms_per_request"].get("redis"),
+                "cache_state": r.cache_state,
+                "cache_direct_p50_ms": cd["p50"],
+                "cache_direct_p99_ms": cd["p99"],
+                "cache_gateway_p50_ms": cg["p50"],
+                "cache_gateway_p99_ms": cg["p99"],
+                "cache_added_p50_ms": round(cg["p50"] - cd["p50"], 4),
+                "cache_added_p99_ms": round(cg["p99"] - cd["p99"], 4),
+                "errors": sum(
+                    x["errors"]
+                    for x in (r.direct, r.gateway, r.rps, r.stream, r.cache_direct, r.cache_gateway)
+                ),
+                "other_cores_max": max(
+                    x.get("other_cores", 0.0) for x in (r.direct, r.rps, r.stream, r.cache_direct)
+                ),
                 "rss_start_mib": round(r.rss_mib["start"], 1),
                 "rss_end_mib": round(end, 1),
                 "rss_max_mib": round(max(r.rss_mib.values()), 1),
@@ -345,15 +486,21 @@ def verdicts(summary: list[dict[str, Any]]) -> dict[str, bool | None]:
 
 
 def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict[str, Any]) -> Table:
+    tenancy = meta["tenancy"]
+    features = (
+        f" (API key; key and tenant RPM, TPM and concurrency; rate limits and cache in {tenancy})"
+        if tenancy != "none"
+        else ""
+    )
     table = Table(
-        title="shuniu gateway overhead (instant upstream, one gateway process)",
+        title=f"shuniu gateway overhead (instant upstream, one gateway process, tenancy {tenancy})",
         caption=(
             f"c={meta['concurrency']}, {meta['duration_s']:g} s per saturation phase, "
             f"{meta['requests']} c=1 requests, max_tokens {meta['max_tokens']}, "
             f"load generator: {meta['engines']}, {meta['cpus']} CPUs, "
             f"machine {100 * meta['busy_before']:.0f}% busy before start; "
-            f"balancer {meta['balancer']}, scheduler {meta['scheduler']}. "
-            f"*ref: a bare aiohttp reverse proxy on uvloop, same machines (DESIGN.md). "
+            f"balancer {meta['balancer']}, scheduler {meta['scheduler']}, tenancy {tenancy}{features}. "
+            "*ref: a bare aiohttp reverse proxy on uvloop, same machines (DESIGN.md). "
             "RSS growth: run end minus the previous run's end."
         ),
     )
@@ -391,6 +538,8 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
     row("[bold]gateway CPU ms/request[/]", "cpu_ms_per_request", ".3f", f"ref {REFERENCE_CPU_MS}*")
     row("  gateway cores used", "gateway_core_use", ".2f", "max 1.00")
     row("  upstream CPU ms/request", "upstream_cpu_ms_per_request", ".3f")
+    if meta["tenancy"] == "redis":
+        row("  redis-server CPU ms/request", "redis_cpu_ms_per_request", ".3f")
     row("  machine CPU busy", "machine_busy_rps", ".0%")
     table.add_section()
     row(f"[bold]streamed chunks/s, {c}[/]", "chunks_per_s", ",.0f")
@@ -398,6 +547,14 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
     row("  gateway CPU ms/stream", "cpu_ms_per_stream", ".3f")
     row("  gateway CPU µs/chunk", "cpu_us_per_chunk", ".1f")
     row("  gateway cores used", "gateway_core_use_stream", ".2f", "max 1.00")
+    table.add_section()
+    what = "cache hit" if meta["tenancy"] != "none" else "temperature 0, no cache"
+    row("direct p50, c=1, temperature 0 (ms)", "cache_direct_p50_ms", ".3f")
+    row("direct p99, c=1, temperature 0 (ms)", "cache_direct_p99_ms", ".3f")
+    row(f"[bold]gateway p50, c=1, {what} (ms)[/]", "cache_gateway_p50_ms", ".3f")
+    row(f"[bold]gateway p99, c=1, {what} (ms)[/]", "cache_gateway_p99_ms", ".3f")
+    row("  gateway minus direct p50 (ms)", "cache_added_p50_ms", "+.3f")
+    row("  gateway minus direct p99 (ms)", "cache_added_p99_ms", "+.3f")
     table.add_section()
     row("RSS at run start (MiB)", "rss_start_mib", ".1f")
     row("[bold]RSS max in run (MiB)[/]", "rss_max_mib", ".1f", f"< {TARGET_RSS_MIB:g}", "rss")
@@ -427,6 +584,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--balancer", default="round_robin", help="balancer policy of the gateway's pool")
     parser.add_argument("--scheduler", default="priority", help="scheduler policy of the gateway's pool")
+    parser.add_argument(
+        "--tenancy",
+        choices=TENANCIES,
+        default="none",
+        help="add API-key auth, rate limits and the response cache with this store (default none)",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every number to OUT")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -436,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=max(1, min(4096, args.max_tokens)),
         engine=args.engine,
         runs=max(1, min(10, args.runs)),
+        tenancy=args.tenancy,
     )
     # Ctrl-C, SIGTERM and SIGHUP all unwind through the clean-up below (SIGINT explicitly,
     # as a shell may start a background job with SIGINT ignored).
@@ -444,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _on_signal)
 
     children = Children()
+    redis: Any = None
+    key = None if args.tenancy == "none" else new_key()
     runs: list[RunResult] = []
     busy = machine_busy(1.0)
     if busy > 0.2:
@@ -464,8 +630,11 @@ def main(argv: list[str] | None = None) -> int:
                 refresh_per_second=4,
                 transient=True,
             ) as progress:
-                runner = Runner(settings, children, progress)
+                runner = Runner(settings, children, progress, key)
                 progress.update(runner.overall, description="[bold]starting upstream and gateway[/]")
+                if args.tenancy == "redis":
+                    redis = start_redis()
+                    runner.watch["redis"] = redis.pid
                 upstream = children.start(
                     "upstream",
                     [sys.executable, str(UPSTREAM), "--port", "0"],
@@ -475,8 +644,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 deployment = tmpdir / "deployment.yaml"
                 deployment.write_text(
-                    DEPLOYMENT.format(
-                        model=MODEL, port=upstream.port, balancer=args.balancer, scheduler=args.scheduler
+                    deployment_yaml(
+                        port=upstream.port,
+                        balancer=args.balancer,
+                        scheduler=args.scheduler,
+                        tenancy=args.tenancy,
+                        key_hash=hash_key(key) if key else "",
+                        redis_url=redis.url if redis is not None else "",
                     )
                 )
                 gateway = children.start(
@@ -500,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finally:
             children.stop_all()
+            if redis is not None:
+                redis.close()  # stops it by its PID
 
     summary = summarize(runs)
     ok = verdicts(summary)
@@ -514,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         "busy_before": round(busy, 3),
         "balancer": args.balancer,
         "scheduler": args.scheduler,
+        "tenancy": args.tenancy,
     }
     console.print(render(summary, ok, meta))
     for i, s in enumerate(summary, 1):

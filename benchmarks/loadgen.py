@@ -18,6 +18,11 @@ pre-encoded request bytes, no per-request tasks, no JSON decoding, SSE events co
 ``bytes.count``). ``latency`` always uses the Python client, so direct and through-gateway
 numbers come from the same client. Which engine ran is printed (and in ``--json``).
 
+``--header NAME:VALUE`` (repeatable) is sent on every request, by both engines and to both
+targets of ``--compare`` (e.g. ``Authorization: Bearer ...`` for a gateway with API keys; an
+upstream ignores it). ``--body-json JSON`` merges fields into every request body (e.g.
+``'{"temperature": 0}'``, which makes the request cacheable by the gateway).
+
 ``--watch NAME=PID`` (repeatable) reads the process's CPU time (``/proc/PID/stat`` utime +
 stime) at the start and end of the measured window only, and the machine's CPU use
 (``/proc/stat``) over the same window.
@@ -27,6 +32,8 @@ Examples::
     python benchmarks/loadgen.py latency http://127.0.0.1:9000/v1 --compare http://127.0.0.1:8000/v1
     python benchmarks/loadgen.py rps http://127.0.0.1:8000/v1 -c 64 --duration 10 --watch gw=1234
     python benchmarks/loadgen.py stream http://127.0.0.1:8000/v1 --max-tokens 16 --json
+    python benchmarks/loadgen.py latency http://127.0.0.1:8000/v1 --header "Authorization:Bearer sk-..." \
+        --body-json '{"temperature": 0}'
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import httptools
 __all__ = [
     "CpuWatch",
     "Result",
+    "check_header",
     "make_body",
     "percentile",
     "run_latency",
@@ -64,6 +72,10 @@ MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 1024
 _ALLOWED_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1"}
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+_OWN_HEADERS = {"host", "content-type", "content-length", "transfer-encoding", "connection"}
+
+Headers = list[tuple[str, str]]
 
 
 # -- targets and bodies ------------------------------------------------------------------
@@ -94,7 +106,10 @@ def parse_target(base_url: str, api: str) -> Target:
     return Target(host, parts.port, root + ("/chat/completions" if api == "chat" else "/completions"))
 
 
-def make_body(api: str, model: str, max_tokens: int, stream: bool) -> bytes:
+def make_body(
+    api: str, model: str, max_tokens: int, stream: bool, extra: dict[str, Any] | None = None
+) -> bytes:
+    """The request body; ``extra`` fields are merged in last (they win)."""
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": "Hello, how are you?"}]
@@ -102,14 +117,33 @@ def make_body(api: str, model: str, max_tokens: int, stream: bool) -> bytes:
         body["prompt"] = "Hello, how are you?"
     if stream:
         body["stream"] = True
+    if extra:
+        body.update(extra)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _request_bytes(target: Target, body: bytes) -> bytes:
+def check_header(name: str, value: str) -> tuple[str, str]:
+    """A header to send on every request; raises ``ValueError`` if it is malformed or one
+    loadgen sets itself."""
+    if not _HEADER_NAME.match(name):
+        raise ValueError(f"not a valid header name: {name!r}")
+    if name.lower() in _OWN_HEADERS:
+        raise ValueError(f"{name} is set by loadgen itself")
+    if any(c in value for c in "\r\n\0"):
+        raise ValueError(f"header {name} has a control character in its value")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise ValueError(f"header {name} has a character outside Latin-1 in its value") from None
+    return name, value.strip()
+
+
+def _request_bytes(target: Target, body: bytes, headers: Headers | None = None) -> bytes:
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers or ())
     return (
         f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode("latin-1") + body
 
 
 # -- CPU accounting ----------------------------------------------------------------------
@@ -363,9 +397,10 @@ async def _saturate(
     warmup_s: float,
     duration_s: float,
     watch: CpuWatch | None,
+    headers: Headers | None = None,
 ) -> tuple[_Shared, float]:
     loop = asyncio.get_running_loop()
-    shared = _Shared(_request_bytes(target, body), stream)
+    shared = _Shared(_request_bytes(target, body, headers), stream)
     conns: list[_Conn] = []
 
     async def connect() -> None:
@@ -540,16 +575,18 @@ def run_latency(
     max_seconds: float = 30.0,
     block: int = 100,
     watch_pids: dict[str, int] | None = None,
+    headers: Headers | None = None,
+    body_extra: dict[str, Any] | None = None,
 ) -> Result:
     """c=1: ``requests`` measured requests (or as many as fit in ``max_seconds``). With
     ``compare``, the same against a second base URL, in alternating blocks; its result is
-    ``Result.compare``."""
+    ``Result.compare``. ``headers`` and ``body_extra`` go to both."""
     requests = max(1, min(MAX_REQUESTS, requests))
-    body = make_body(api, model, max_tokens, stream)
+    body = make_body(api, model, max_tokens, stream, body_extra)
     series = []
     for url in [base_url] if compare is None else [base_url, compare]:
         target = parse_target(url, api)
-        series.append(_Series(target, _request_bytes(target, body)))
+        series.append(_Series(target, _request_bytes(target, body, headers)))
     watch = CpuWatch(watch_pids) if watch_pids else None
     _run_loop(
         _sequential(
@@ -581,7 +618,7 @@ _WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.body = {body}
 wrk.headers["Content-Type"] = "application/json"
-local threads = {{}}
+{headers}local threads = {{}}
 function setup(thread)
   table.insert(threads, thread)
 end
@@ -627,11 +664,24 @@ def _lua_string(data: bytes) -> str:
 
 
 def _wrk_run(
-    target: Target, body: bytes, *, stream: bool, concurrency: int, duration_s: float, watch: CpuWatch | None
+    target: Target,
+    body: bytes,
+    *,
+    stream: bool,
+    concurrency: int,
+    duration_s: float,
+    watch: CpuWatch | None,
+    headers: Headers | None = None,
 ) -> tuple[dict[str, Any], float]:
     wrk = shutil.which("wrk")
     assert wrk is not None
-    script = _WRK_SCRIPT.format(body=_lua_string(body), response=_WRK_STREAM_RESPONSE if stream else "")
+    lua_headers = "".join(
+        f"wrk.headers[{_lua_string(n.encode())}] = {_lua_string(v.encode('latin-1'))}\n"
+        for n, v in headers or ()
+    )
+    script = _WRK_SCRIPT.format(
+        body=_lua_string(body), headers=lua_headers, response=_WRK_STREAM_RESPONSE if stream else ""
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="shuniu-loadgen-", delete=False) as f:
         f.write(script)
         path = f.name
@@ -668,13 +718,16 @@ def run_saturation(
     warmup_s: float = 1.0,
     engine: str = "auto",
     watch_pids: dict[str, int] | None = None,
+    headers: Headers | None = None,
+    body_extra: dict[str, Any] | None = None,
 ) -> Result:
-    """``concurrency`` connections for ``duration_s`` seconds, after ``warmup_s`` unmeasured."""
+    """``concurrency`` connections for ``duration_s`` seconds, after ``warmup_s`` unmeasured;
+    ``headers`` on every request, ``body_extra`` merged into its body."""
     target = parse_target(base_url, api)
     concurrency = max(1, min(MAX_CONCURRENCY, concurrency))
     duration_s = max(0.5, min(MAX_DURATION_S, duration_s))
     warmup_s = max(0.0, min(MAX_DURATION_S, warmup_s))
-    body = make_body(api, model, max_tokens, stream)
+    body = make_body(api, model, max_tokens, stream, body_extra)
     if engine == "auto":
         engine = "wrk" if shutil.which("wrk") else "python"
     if engine == "wrk" and not shutil.which("wrk"):
@@ -683,9 +736,23 @@ def run_saturation(
     mode = "stream" if stream else "rps"
     if engine == "wrk":
         if warmup_s > 0:
-            _wrk_run(target, body, stream=stream, concurrency=concurrency, duration_s=warmup_s, watch=None)
+            _wrk_run(
+                target,
+                body,
+                stream=stream,
+                concurrency=concurrency,
+                duration_s=warmup_s,
+                watch=None,
+                headers=headers,
+            )
         out, elapsed = _wrk_run(
-            target, body, stream=stream, concurrency=concurrency, duration_s=duration_s, watch=watch
+            target,
+            body,
+            stream=stream,
+            concurrency=concurrency,
+            duration_s=duration_s,
+            watch=watch,
+            headers=headers,
         )
         errors = out["connect"] + out["read"] + out["write"] + out["status"] + out["timeout"] + out["bad"]
         res = Result(mode, "wrk", target.url, concurrency, round(out["duration_us"] / 1e6, 3))
@@ -710,6 +777,7 @@ def run_saturation(
             warmup_s=warmup_s,
             duration_s=duration_s,
             watch=watch,
+            headers=headers,
         )
     )
     res = Result(mode, "python", target.url, concurrency, round(elapsed, 3), shared.completed, shared.errors)
@@ -726,6 +794,26 @@ def _watch_arg(value: str) -> tuple[str, int]:
     if not name or not pid.isdigit():
         raise argparse.ArgumentTypeError("expected NAME=PID")
     return name, int(pid)
+
+
+def _header_arg(value: str) -> tuple[str, str]:
+    name, sep, rest = value.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected NAME:VALUE")
+    try:
+        return check_header(name.strip(), rest)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _body_json_arg(value: str) -> dict[str, Any]:
+    try:
+        extra = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(extra, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"temperature\": 0}'")
+    return extra
 
 
 def _print_human(res: Result) -> None:
@@ -779,6 +867,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="latency: streamed requests")
     parser.add_argument("--engine", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--watch", type=_watch_arg, action="append", default=[], metavar="NAME=PID")
+    parser.add_argument(
+        "--header",
+        type=_header_arg,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="sent on every request (repeatable)",
+    )
+    parser.add_argument(
+        "--body-json", type=_body_json_arg, metavar="JSON", help="fields merged into every request body"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so a wrk child is killed (subprocess.run does that on exit).
@@ -796,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
             warmup=200 if args.warmup is None else int(args.warmup),
             max_seconds=args.max_seconds,
             watch_pids=dict(args.watch),
+            headers=args.header,
+            body_extra=args.body_json,
         )
     else:
         res = run_saturation(
@@ -809,6 +910,8 @@ def main(argv: list[str] | None = None) -> int:
             warmup_s=1.0 if args.warmup is None else args.warmup,
             engine=args.engine,
             watch_pids=dict(args.watch),
+            headers=args.header,
+            body_extra=args.body_json,
         )
     if args.json:
         print(json.dumps(asdict(res)))
