@@ -22,6 +22,7 @@ from pydantic import (
 
 __all__ = [
     "LAUNCH_PLACEHOLDERS",
+    "AccessLogConfig",
     "AuthConfig",
     "AuthenticatorConfig",
     "BalancerConfig",
@@ -56,6 +57,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
 
+class AccessLogConfig(_Strict):
+    """One JSON line per finished request."""
+
+    path: str | None = None
+    """File to append to; ``None``: standard error."""
+    include_prompt: bool = False
+    """Also write each request's prompt text (off by default: prompts may hold personal data)."""
+
+
 class GatewayConfig(_Strict):
     """Where and how the gateway listens."""
 
@@ -82,6 +92,13 @@ class GatewayConfig(_Strict):
     max_prompt_tokens: int | None = Field(None, ge=1)
     """Longest prompt (estimated tokens) accepted on any model, before the context-window
     check; longer gets 400. ``None``: only the model's context window and the tier's limit."""
+    metrics: bool = True
+    """Serve Prometheus metrics at ``/metrics`` (see docs/observability.md)."""
+    metrics_hardware: bool = True
+    """Include the hardware probes' readings (GPU/NPU memory, utilization, temperature,
+    power) in ``/metrics``; the probes run at most every 2 s, in worker threads."""
+    access_log: AccessLogConfig | None = None
+    """Write one JSON line per finished request. ``None``: no access log."""
 
 
 class FilterConfig(_Strict):

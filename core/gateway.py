@@ -21,6 +21,7 @@ import msgspec
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
+from shuniu.core.access_log import AccessLog
 from shuniu.core.composite import Composite
 from shuniu.core.config_loader import ResolvedDeployment, expand_endpoints
 from shuniu.core.errors import (
@@ -42,13 +43,15 @@ from shuniu.core.launcher import (
     with_base_url,
 )
 from shuniu.core.load import adapt_limit, freshness
+from shuniu.core.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from shuniu.core.metrics import GatewayMetrics
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
 from shuniu.core.response_cache import Filler, ResponseCache
 from shuniu.core.routing import Router
 from shuniu.core.tenancy import Admission, Tenancy, Tier, limits_in_use
-from shuniu.core.types import Api, InferenceRequest, Outcome, Principal, RequestRecord
+from shuniu.core.types import ANONYMOUS, Api, InferenceRequest, Outcome, Principal, RequestRecord
 
 __all__ = ["Gateway"]
 
@@ -162,6 +165,15 @@ class Gateway:
         self.cache = self._build_cache()
         self._hardware: tuple[float, bytes] | None = None
         self._hardware_lock = asyncio.Lock()
+        self.hardware_readings: dict[str, Any] | None = None
+        """The last hardware snapshot (for ``/metrics``)."""
+        self._record_prompts = gw.access_log is not None and gw.access_log.include_prompt
+        self.metrics = GatewayMetrics(self) if gw.metrics else None
+        if self.metrics is not None:
+            self._observers.append(self.metrics.observe)
+        self.access_log = AccessLog(gw.access_log) if gw.access_log is not None else None
+        if self.access_log is not None:
+            self._observers.append(self.access_log.observe)
         self.litestar = self._make_app()
         self.app = _Dispatch(self)
         """The ASGI application to serve."""
@@ -325,6 +337,8 @@ class Gateway:
         )
         # Engines last: in-flight requests were drained before the shutdown hooks ran.
         results += await asyncio.gather(*(e.stop() for e in self.engines.values()), return_exceptions=True)
+        if self.access_log is not None:
+            self.access_log.stop()
         stores = [s for s in (self.tenancy.store, self.cache.store if self.cache else None) if s is not None]
         results += await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
@@ -463,6 +477,7 @@ class Gateway:
         watch = _Disconnect()
         watch.start(receive)
         record = _Progress()
+        record.pool = pool.name
         admission: Admission | None = None
         cache_key: str | None = None
         filler: Filler | None = None
@@ -794,6 +809,8 @@ class Gateway:
             prompt_tokens=req.prompt_tokens if req is not None else 0,
             arrival=arrival,
             finished=now,
+            principal=req.principal if req is not None else ANONYMOUS,
+            prompt=req.prompt if req is not None and self._record_prompts else None,
         )
         self._call_observers(rec)
 
@@ -814,6 +831,9 @@ class Gateway:
             first_token=progress.first_token,
             finished=now,
             principal=req.principal,
+            pool=progress.pool,
+            cached=progress.cached,
+            prompt=req.prompt if self._record_prompts else None,
         )
         self._call_observers(rec)
 
@@ -872,9 +892,16 @@ class Gateway:
             # serves this route never loads them.
             from shuniu.hardware.probe import hardware_snapshot_async
 
-            body = _encode(await hardware_snapshot_async(plugins=self.plugins))
+            snapshot = await hardware_snapshot_async(plugins=self.plugins)
+            body = _encode(snapshot)
             self._hardware = (loop.time(), body)
+            self.hardware_readings = snapshot
             return body
+
+    def _serves_metrics(self) -> bool:
+        if self.metrics is None:
+            return False
+        return not any("/metrics" in getattr(h, "paths", ()) for h in self._extra_routes)
 
     def _launch_view(self, endpoint: EndpointState) -> dict[str, Any]:
         engine = self.engines.get(endpoint.name)
@@ -918,6 +945,14 @@ class Gateway:
             ok, body = gateway.readiness()
             return _json_response(request, 200 if ok else 503, body)
 
+        @get("/metrics", include_in_schema=False)
+        async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+            m = gateway.metrics
+            assert m is not None
+            if gateway.config.gateway.metrics_hardware:
+                await gateway.hardware_snapshot()
+            return Response(m.render(), status_code=200, media_type=METRICS_CONTENT_TYPE)
+
         @get("/admin/hardware")
         async def hardware(request: Request[Any, Any, Any]) -> Response[bytes]:
             if gateway.tenancy.auth:
@@ -935,6 +970,8 @@ class Gateway:
                 health,
                 ready,
                 hardware,
+                # A server that brings its own /metrics (the simulator's fake vLLM) keeps it.
+                *([metrics] if self._serves_metrics() else []),
                 *self._extra_routes,
             ],
             exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
@@ -957,6 +994,7 @@ class _Progress:
         "error_code",
         "first_token",
         "outcome",
+        "pool",
         "prompt_tokens",
         "status",
     )
@@ -971,6 +1009,7 @@ class _Progress:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached = False
+        self.pool: str | None = None
 
     def fail(self, err: GatewayError) -> None:
         self.status = err.status

@@ -206,3 +206,10 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     first_token: float | None = None
     finished: float = 0.0
     principal: Principal = ANONYMOUS
+    pool: str | None = None
+    """The model (pool) that served it, after aliases and routing rules; ``None`` when the
+    request was refused before a model was known."""
+    cached: bool = False
+    """Answered from the response cache."""
+    prompt: str | None = None
+    """The prompt text, only when the deployment asks for it (``gateway.access_log.include_prompt``)."""
