@@ -43,6 +43,7 @@ __all__ = [
     "SchedulerConfig",
     "ScorerConfig",
     "TierConfig",
+    "TracingConfig",
     "placeholders",
 ]
 
@@ -64,6 +65,24 @@ class AccessLogConfig(_Strict):
     """File to append to; ``None``: standard error."""
     include_prompt: bool = False
     """Also write each request's prompt text (off by default: prompts may hold personal data)."""
+
+
+class TracingConfig(_Strict):
+    """OpenTelemetry tracing of each request."""
+
+    exporter: Literal["auto", "otlp", "console", "none"] = "auto"
+    """``otlp``: export spans over OTLP/HTTP to ``endpoint`` (needs ``shuniu[otel]``);
+    ``console``: print them (debugging); ``auto``: trace only when the process already has
+    an OpenTelemetry SDK tracer provider (e.g. under ``opentelemetry-instrument``);
+    ``none``: off."""
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    """The OTLP/HTTP traces endpoint of a collector."""
+    service_name: str = "shuniu"
+    """``service.name`` of the spans."""
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of new traces recorded; a client's sampled ``traceparent`` is always followed."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Export timeout (exports run in a background thread)."""
 
 
 class GatewayConfig(_Strict):
@@ -99,6 +118,10 @@ class GatewayConfig(_Strict):
     power) in ``/metrics``; the probes run at most every 2 s, in worker threads."""
     access_log: AccessLogConfig | None = None
     """Write one JSON line per finished request. ``None``: no access log."""
+    tracing: TracingConfig | None = None
+    """OpenTelemetry tracing. ``None``: as ``exporter: auto`` (on only when the process
+    already has an SDK tracer provider); a client's ``traceparent`` is passed to engines
+    either way."""
 
 
 class FilterConfig(_Strict):

@@ -50,7 +50,9 @@ from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
 from shuniu.core.response_cache import Filler, ResponseCache
 from shuniu.core.routing import Router
+from shuniu.core.status_page import PAGE_CONTENT_TYPE, PAGE_HEADERS, StatusWindow, render_page, status_json
 from shuniu.core.tenancy import Admission, Tenancy, Tier, limits_in_use
+from shuniu.core.tracing import RequestTrace, setup_tracing
 from shuniu.core.types import ANONYMOUS, Api, InferenceRequest, Outcome, Principal, RequestRecord
 
 __all__ = ["Gateway"]
@@ -168,12 +170,16 @@ class Gateway:
         self.hardware_readings: dict[str, Any] | None = None
         """The last hardware snapshot (for ``/metrics``)."""
         self._record_prompts = gw.access_log is not None and gw.access_log.include_prompt
+        self.tracing = setup_tracing(gw.tracing)
         self.metrics = GatewayMetrics(self) if gw.metrics else None
         if self.metrics is not None:
             self._observers.append(self.metrics.observe)
         self.access_log = AccessLog(gw.access_log) if gw.access_log is not None else None
         if self.access_log is not None:
             self._observers.append(self.access_log.observe)
+        self.status = StatusWindow(self.pools)
+        """Recent requests per model, for the status page."""
+        self._observers.append(self.status.observe)
         self.litestar = self._make_app()
         self.app = _Dispatch(self)
         """The ASGI application to serve."""
@@ -339,6 +345,8 @@ class Gateway:
         results += await asyncio.gather(*(e.stop() for e in self.engines.values()), return_exceptions=True)
         if self.access_log is not None:
             self.access_log.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
         stores = [s for s in (self.tenancy.store, self.cache.store if self.cache else None) if s is not None]
         results += await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
@@ -448,16 +456,25 @@ class Gateway:
         req: InferenceRequest | None = None
         tenancy = self.tenancy
         tier: Tier | None = None
+        headers = scope["headers"]
+        trace = self.tracing.start(api, headers, time.time_ns()) if self.tracing is not None else None
         try:
-            headers = scope["headers"]
             if headers:
                 self._check_header_size(headers)
             # The credential first: an unauthenticated client's body is never read.
-            principal = tenancy.auth.authenticate(headers) if tenancy.auth else None
+            principal = None
+            if tenancy.auth:
+                principal = (
+                    tenancy.auth.authenticate(headers)
+                    if trace is None
+                    else _traced_auth(trace, headers, tenancy)
+                )
             raw = await read_body(scope, receive, self._max_body)
             req = parse_request(raw, api, request_id, arrival)
             if principal is not None:
                 req.principal = principal
+            if trace is not None:
+                trace.request(req)
             self._check_size(req)
             pool = self.routes.get(req.model)
             if pool is None:
@@ -471,13 +488,17 @@ class Gateway:
             self.check_context(req, pool)
         except GatewayError as err:
             await send_error(send, err, request_id)
-            if self._observers:
-                self._notify_rejected(request_id, api, req, err, arrival, loop.time())
+            if self._observers or trace is not None:
+                rec = self._rejected_record(request_id, api, req, err, arrival, loop.time())
+                self._call_observers(rec)
+                if trace is not None:
+                    trace.finish(rec)
             return
         watch = _Disconnect()
         watch.start(receive)
         record = _Progress()
         record.pool = pool.name
+        record.trace = trace
         admission: Admission | None = None
         cache_key: str | None = None
         filler: Filler | None = None
@@ -485,7 +506,10 @@ class Gateway:
             extra: list[tuple[bytes, bytes]] = []
             if tenancy.store is not None:
                 try:
-                    admission = await tenancy.acquire(req, tier or tenancy.tiers["default"])
+                    acquiring = tenancy.acquire(req, tier or tenancy.tiers["default"])
+                    admission = await (
+                        acquiring if trace is None else _traced(trace, "shuniu.rate_limit", acquiring)
+                    )
                 except GatewayError as err:
                     record.fail(err)
                     await send_error(send, err, req.id)
@@ -494,8 +518,9 @@ class Gateway:
                     extra = admission.headers
             cache = self.cache
             if cache is not None:
-                cache_key, filler, state = await self._cache_lookup(
-                    cache, req, pool, tier, extra, send, loop, record
+                lookup = self._cache_lookup(cache, req, pool, tier, extra, send, loop, record)
+                cache_key, filler, state = await (
+                    lookup if trace is None else _traced(trace, "shuniu.cache", lookup)
                 )
                 if state is _HIT:
                     return
@@ -518,8 +543,11 @@ class Gateway:
                 await self._cache_finish(cache_key, req, record, filler)
             if admission is not None:
                 await self._settle(admission, record)
-            if self._observers:
-                self._notify(req, record, loop.time())
+            if self._observers or trace is not None:
+                rec = self._record(req, record, loop.time())
+                self._call_observers(rec)
+                if trace is not None:
+                    trace.finish(rec, record.finish_reason)
 
     def _check_header_size(self, headers: Any) -> None:
         size = 0
@@ -614,6 +642,14 @@ class Gateway:
 
     def _apply_headers(self, req: InferenceRequest, headers: Any, arrival: float) -> None:
         req.headers = headers
+        if self.tracing is None:
+            # No spans of our own: the client's trace context goes to the engine unchanged.
+            parent = req.header(b"traceparent")
+            if parent is not None:
+                state = req.header(b"tracestate")
+                req.trace_headers = {"traceparent": parent.decode("latin-1")}
+                if state is not None:
+                    req.trace_headers["tracestate"] = state.decode("latin-1")
         deadline = req.header(b"x-shuniu-deadline-ms")
         if deadline is not None:
             try:
@@ -647,7 +683,20 @@ class Gateway:
             raise context_too_long(limit, req.prompt_tokens, wanted)
 
     async def _admit(self, req: InferenceRequest, pool: Pool, record: _Progress) -> Ticket:
-        ticket = await pool.scheduler.admit(req, pool)
+        trace = record.trace
+        if trace is None:
+            ticket = await pool.scheduler.admit(req, pool)
+        else:
+            span = trace.child("shuniu.queue")
+            try:
+                ticket = await pool.scheduler.admit(req, pool)
+            except BaseException as exc:
+                trace.fail(span, exc.code if isinstance(exc, GatewayError) else type(exc).__name__)
+                span.end()
+                raise
+            span.add_event("endpoint picked", {"shuniu.endpoint": ticket.endpoint.name})
+            span.end()
+            record.upstream = trace.upstream(req, ticket.endpoint.name)
         record.endpoint = ticket.endpoint.name
         record.admitted = ticket.admitted
         return ticket
@@ -689,9 +738,12 @@ class Gateway:
             return
         finally:
             pool.scheduler.release(ticket, outcome)
+            if record.upstream is not None:
+                record.end_upstream()
         record.first_token = loop.time()
         record.prompt_tokens = result.usage.prompt_tokens
         record.completion_tokens = result.usage.completion_tokens
+        record.finish_reason = result.finish_reason
         if filler is not None:
             filler.completion(result)
         await send_json(send, 200, encode_completion(req, result), req.id, raw_headers=extra)
@@ -772,9 +824,12 @@ class Gateway:
                 await gen.aclose()
             finally:
                 pool.scheduler.release(ticket, outcome)
+                if record.upstream is not None:
+                    record.end_upstream()
                 usage = encoder.final_usage()
                 record.prompt_tokens = usage.prompt_tokens
                 record.completion_tokens = usage.completion_tokens
+                record.finish_reason = encoder.finish_reason
                 if filler is not None and filler.usage is None:
                     filler.usage = usage
 
@@ -788,7 +843,7 @@ class Gateway:
             if engine is not None:
                 await engine.confirm_exit()
 
-    def _notify_rejected(
+    def _rejected_record(
         self,
         request_id: str,
         api: Api,
@@ -796,9 +851,9 @@ class Gateway:
         err: GatewayError,
         arrival: float,
         now: float,
-    ) -> None:
+    ) -> RequestRecord:
         """Observers hear about requests refused before admission too (bad body, unknown model)."""
-        rec = RequestRecord(
+        return RequestRecord(
             id=request_id,
             model=req.model if req is not None else "",
             api=api,
@@ -812,10 +867,9 @@ class Gateway:
             principal=req.principal if req is not None else ANONYMOUS,
             prompt=req.prompt if req is not None and self._record_prompts else None,
         )
-        self._call_observers(rec)
 
-    def _notify(self, req: InferenceRequest, progress: _Progress, now: float) -> None:
-        rec = RequestRecord(
+    def _record(self, req: InferenceRequest, progress: _Progress, now: float) -> RequestRecord:
+        return RequestRecord(
             id=req.id,
             model=req.model,
             api=req.api,
@@ -835,7 +889,6 @@ class Gateway:
             cached=progress.cached,
             prompt=req.prompt if self._record_prompts else None,
         )
-        self._call_observers(rec)
 
     def _call_observers(self, rec: RequestRecord) -> None:
         for fn in self._observers:
@@ -962,6 +1015,28 @@ class Gateway:
                     return _bytes_response(request, err.status, err.body(), err.headers)
             return _bytes_response(request, 200, await gateway.hardware_snapshot())
 
+        status_body = render_page().encode()
+
+        @get("/", sync_to_thread=False, include_in_schema=False)
+        def root(request: Request[Any, Any, Any]) -> Response[bytes]:
+            # Relative, so the page is found behind a proxy that serves the gateway under a prefix.
+            return Response(b"", status_code=302, media_type="text/plain", headers={"location": "status"})
+
+        @get("/status", sync_to_thread=False, include_in_schema=False)
+        def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+            # The page is a static shell: the data comes from /status.json, with the user's key.
+            return Response(status_body, status_code=200, media_type=PAGE_CONTENT_TYPE, headers=PAGE_HEADERS)
+
+        @get("/status.json", include_in_schema=False)
+        async def status_data(request: Request[Any, Any, Any]) -> Response[bytes]:
+            if gateway.tenancy.auth:
+                try:
+                    gateway.tenancy.auth.authenticate(request.scope["headers"])
+                except GatewayError as err:
+                    return _bytes_response(request, err.status, err.body(), err.headers)
+            body = _encode(status_json(gateway))
+            return _bytes_response(request, 200, body, {"cache-control": "no-store"})
+
         return Litestar(
             route_handlers=[
                 chat_completions,
@@ -970,6 +1045,9 @@ class Gateway:
                 health,
                 ready,
                 hardware,
+                root,
+                status_page,
+                status_data,
                 # A server that brings its own /metrics (the simulator's fake vLLM) keeps it.
                 *([metrics] if self._serves_metrics() else []),
                 *self._extra_routes,
@@ -992,11 +1070,14 @@ class _Progress:
         "completion_tokens",
         "endpoint",
         "error_code",
+        "finish_reason",
         "first_token",
         "outcome",
         "pool",
         "prompt_tokens",
         "status",
+        "trace",
+        "upstream",
     )
 
     def __init__(self) -> None:
@@ -1010,6 +1091,17 @@ class _Progress:
         self.completion_tokens = 0
         self.cached = False
         self.pool: str | None = None
+        self.finish_reason: str | None = None
+        self.trace: RequestTrace | None = None
+        self.upstream: Any = None
+        """The upstream span, while the engine call runs (tracing on)."""
+
+    def end_upstream(self) -> None:
+        span, self.upstream = self.upstream, None
+        if span is not None:
+            if self.outcome is Outcome.ERROR and self.trace is not None:
+                self.trace.fail(span, self.error_code)
+            span.end()
 
     def fail(self, err: GatewayError) -> None:
         self.status = err.status
@@ -1060,3 +1152,28 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
     log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
     err = GatewayError(500, "The gateway hit an internal error.", type="server_error", code="internal_error")
     return _bytes_response(request, 500, err.body())
+
+
+def _traced_auth(trace: RequestTrace, headers: Any, tenancy: Tenancy) -> Principal:
+    span = trace.child("shuniu.auth")
+    try:
+        principal = tenancy.auth.authenticate(headers)
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()
+    span.set_attribute("shuniu.key_id", principal.key_id or "")
+    return principal
+
+
+async def _traced(trace: RequestTrace, name: str, step: Any) -> Any:
+    """Await ``step`` inside a child span ``name`` of the request's trace."""
+    span = trace.child(name)
+    try:
+        return await step
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()

@@ -251,7 +251,17 @@ def encode_completion(req: InferenceRequest, result: Completion, created: int | 
 class StreamEncoder:
     """Turns backend chunks into OpenAI SSE events for one request."""
 
-    __slots__ = ("_base", "_chat", "_head", "_req", "_tail", "_usage_null", "completion_tokens", "usage")
+    __slots__ = (
+        "_base",
+        "_chat",
+        "_head",
+        "_req",
+        "_tail",
+        "_usage_null",
+        "completion_tokens",
+        "finish_reason",
+        "usage",
+    )
 
     def __init__(self, req: InferenceRequest, created: int | None = None) -> None:
         created = int(time.time()) if created is None else created
@@ -276,6 +286,7 @@ class StreamEncoder:
         self._tail = b"}" if self._chat else b""
         self.completion_tokens = 0
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
 
     def start(self) -> bytes:
         """The first event: chat streams announce the assistant role, as OpenAI does."""
@@ -292,7 +303,11 @@ class StreamEncoder:
         self.completion_tokens += c.tokens
         if c.usage is not None:
             self.usage = c.usage
-        finish = b"null" if c.finish_reason is None else _encode(c.finish_reason)
+        if c.finish_reason is None:
+            finish = b"null"
+        else:
+            finish = _encode(c.finish_reason)
+            self.finish_reason = c.finish_reason
         if c.extra:
             return self._generic(c, finish)
         if not c.text and c.finish_reason is None:

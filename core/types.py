@@ -125,6 +125,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     """Hash chain of the prompt's blocks, filled lazily by the first policy that needs it
     (:func:`shuniu.core.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
     prefix_block: int = 0
+    trace_headers: dict[str, str] | None = None
+    """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
+    gateway's upstream span when tracing is on, else the client's own, passed through."""
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (lower-case bytes), or ``None``."""

@@ -170,8 +170,9 @@ class OpenAIBackend(BackendBase):
         if self._session is None:
             raise upstream_error(f"The engine endpoint {self.name} is not started.", 503)
         try:
+            headers = self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
             resp = await self._session.post(
-                self._urls[req.api], data=self._payload(req, stream), headers=self._headers
+                self._urls[req.api], data=self._payload(req, stream), headers=headers
             )
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise upstream_error(
