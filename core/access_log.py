@@ -45,6 +45,7 @@ class _Line(msgspec.Struct, omit_defaults=True):
     queue_ms: float | None = None
     ttft_ms: float | None = None
     cached: bool = False
+    retries: int = 0
     prompt: str | None = None
 
 
@@ -95,6 +96,7 @@ class AccessLog:
             if record.first_token is not None
             else None,
             cached=record.cached,
+            retries=record.retries,
             prompt=record.prompt if self.config.include_prompt else None,
         )
         self._queue.put(_encode(line) + b"\n")

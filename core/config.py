@@ -37,12 +37,15 @@ __all__ = [
     "LoadConfig",
     "ModelConfig",
     "Options",
+    "OutlierConfig",
     "RateLimitsConfig",
     "RestartConfig",
+    "RetryConfig",
     "RouteRule",
     "SchedulerConfig",
     "ScorerConfig",
     "TierConfig",
+    "TimeoutsConfig",
     "TracingConfig",
     "placeholders",
 ]
@@ -414,6 +417,61 @@ class EndpointConfig(_Strict):
         return self
 
 
+class TimeoutsConfig(_Strict):
+    """Time limits of one request on an engine. An engine's connect timeout is the
+    backend's own option (``connect_timeout_s``)."""
+
+    ttft_s: float | None = Field(120.0, gt=0)
+    """From being given an endpoint to the first token (or, not streamed, the whole
+    answer). Exceeded: the engine call is cancelled and the request retried elsewhere
+    (see ``retries``) or answered 504 ``ttft_timeout``. ``None``: no limit."""
+    idle_s: float | None = Field(60.0, gt=0)
+    """Longest gap between two streamed chunks. Exceeded after the first byte: the stream
+    ends with an SSE error event ``idle_timeout`` and ``[DONE]``, and the engine call is
+    cancelled. ``None``: no limit."""
+    total_s: float | None = Field(None, gt=0)
+    """Longest a request may take from arrival to its last byte (504 ``request_timeout``
+    before the first byte, an SSE error event after it). ``None``: no limit."""
+
+
+class RetryConfig(_Strict):
+    """Retrying requests that failed before their first byte reached the client."""
+
+    max_retries: int = Field(2, ge=0)
+    """Further attempts, each on an endpoint not tried yet, after a connection error, an
+    engine 5xx or a time-to-first-token timeout. 0: no retries."""
+    budget_ratio: float = Field(0.2, ge=0, le=1)
+    """Retries in flight may be at most this share of the pool's requests in flight (as
+    Envoy's retry budget), so retries cannot multiply an outage..."""
+    min_retries: int = Field(3, ge=0)
+    """...but this many concurrent retries are always allowed (a quiet pool can retry)."""
+    fallback: str | None = None
+    """A model whose pool serves the request when this pool's attempts are used up (or it
+    has no other endpoint), e.g. a smaller model. The response keeps the requested name."""
+
+
+class OutlierConfig(_Strict):
+    """Passive outlier detection: endpoints that fail requests are ejected from balancing."""
+
+    consecutive_failures: int | None = Field(5, ge=1)
+    """Eject after this many failures in a row (connection errors, engine 5xx, timeouts;
+    never client errors). ``None``: off."""
+    failure_rate: float | None = Field(0.5, gt=0, le=1)
+    """Eject when the share of failed requests in the current window reaches this...
+    ``None``: off."""
+    min_requests: int = Field(10, ge=1)
+    """...once the window holds at least this many requests."""
+    window_s: float = Field(10.0, gt=0)
+    """Length of the failure-rate window."""
+    base_ejection_s: float = Field(10.0, gt=0)
+    """Ejection time; the n-th ejection of an endpoint lasts n times this..."""
+    max_ejection_s: float = Field(300.0, gt=0)
+    """...up to this. After it, the endpoint returns at its next passing health probe."""
+    max_ejected_share: float = Field(0.5, ge=0, le=1)
+    """Never eject more than this share of the pool's endpoints at once (rounded down: a
+    one-endpoint pool is never ejected)."""
+
+
 class ModelConfig(_Strict):
     """A logical model: the name clients send, and the pool of endpoints serving it."""
 
@@ -432,6 +490,12 @@ class ModelConfig(_Strict):
     """Background health checks of the endpoints."""
     load: LoadConfig = Field(default_factory=LoadConfig)
     """Load snapshots of the endpoints and the adaptive concurrency limit."""
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    """Time to first token, idle gap and total time limits."""
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    """Retries on other endpoints (before the first byte), with a retry budget."""
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
+    """Ejection of endpoints that fail requests."""
     routes: list[RouteRule] = Field(default_factory=list)
     """Rules that send some requests for this model to another model's pool (by kind,
     prompt length or tier), tried before balancing."""
@@ -613,6 +677,15 @@ class Deployment(_Strict):
                     )
                 if rule.to == name:
                     raise ValueError(f"models.{name}.routes[{i}].to: a model cannot route to itself")
+        for name, model in self.models.items():
+            fallback = model.retries.fallback
+            if fallback is not None and fallback not in self.models:
+                raise ValueError(
+                    f"models.{name}.retries.fallback: no model named {fallback!r} "
+                    f"(models: {', '.join(self.models)})"
+                )
+            if fallback == name:
+                raise ValueError(f"models.{name}.retries.fallback: a model cannot fall back to itself")
         for tier_name, tier in self.tiers.items():
             for model in tier.models or ():
                 if model not in seen:

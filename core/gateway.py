@@ -48,6 +48,7 @@ from shuniu.core.metrics import GatewayMetrics
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
+from shuniu.core.resilience import Resilience, Watchdog
 from shuniu.core.response_cache import Filler, ResponseCache
 from shuniu.core.routing import Router
 from shuniu.core.status_page import PAGE_CONTENT_TYPE, PAGE_HEADERS, StatusWindow, render_page, status_json
@@ -147,6 +148,8 @@ class Gateway:
         self.config = resolved.deployment
         self.plugins = plugins
         self.pools: dict[str, Pool] = {}
+        self.resilience: dict[str, Resilience] = {}
+        """Model → its pool's ejection, retry and timeout state."""
         self.routes: dict[str, Pool] = {}
         self.draining = False
         self.started = False
@@ -237,6 +240,7 @@ class Gateway:
             )
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
             self.pools[model_name] = pool
+            self.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)
             for alias in [model_name, *model.aliases]:
                 self.routes[alias] = pool
             for endpoint, plan in plans:
@@ -357,6 +361,7 @@ class Gateway:
                 log.warning("a backend or engine failed to stop cleanly: %r", r)
 
     async def _health_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
+        loop = asyncio.get_running_loop()
         fails = passes = 0
         engine = self.engines.get(endpoint.name)
         while True:
@@ -380,6 +385,8 @@ class Gateway:
                 ok, detail = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             endpoint.last_health_detail = detail
             if ok:
+                if endpoint.ejected and self.resilience[pool.name].maybe_return(endpoint, loop.time()):
+                    pool.scheduler.wake(pool)
                 passes, fails = passes + 1, 0
                 if not endpoint.healthy and passes >= cfg.healthy_after:
                     if engine is None:
@@ -711,35 +718,44 @@ class Gateway:
         extra: list[tuple[bytes, bytes]],
         filler: Filler | None,
     ) -> None:
-        try:
-            ticket = await self._admit(req, pool, record)
-        except GatewayError as err:
-            record.fail(err)
-            await send_error(send, err, req.id, extra)
-            return
-        outcome = Outcome.ERROR
-        try:
-            result = await ticket.endpoint.backend.complete(req)
-            outcome = Outcome.OK
-        except GatewayError as err:
-            if err.status >= 500:
-                await self._engine_suspect(ticket.endpoint)
-            record.fail(err)
-            await send_error(send, err, req.id, extra)
-            return
-        except asyncio.CancelledError:
-            outcome = Outcome.CANCELLED
-            raise
-        except Exception as exc:
-            await self._engine_suspect(ticket.endpoint)
-            err = _backend_failure(ticket.endpoint, exc)
-            record.fail(err)
-            await send_error(send, err, req.id, extra)
-            return
-        finally:
-            pool.scheduler.release(ticket, outcome)
-            if record.upstream is not None:
-                record.end_upstream()
+        while True:
+            try:
+                ticket = await self._admit(req, pool, record)
+            except GatewayError as err:
+                record.fail(err)
+                await send_error(send, err, req.id, extra)
+                return
+            res = self.resilience[pool.name]
+            outcome = Outcome.ERROR
+            err: GatewayError | None = None
+            try:
+                limit = _first_token_limit(res, req, loop)
+                if limit is None:
+                    result = await ticket.endpoint.backend.complete(req)
+                else:
+                    async with asyncio.timeout(limit):
+                        result = await ticket.endpoint.backend.complete(req)
+                outcome = Outcome.OK
+            except GatewayError as exc:
+                err = exc
+            except TimeoutError:
+                err = _timeout_error(res, req, loop)
+            except asyncio.CancelledError:
+                outcome = Outcome.CANCELLED
+                raise
+            except Exception as exc:
+                err = _backend_failure(ticket.endpoint, exc)
+            finally:
+                self._attempt_over(ticket, outcome, record)
+            if err is None:
+                res.succeeded(ticket.endpoint, loop.time())
+                break
+            retry = await self._after_failure(req, pool, ticket.endpoint, err, record, loop)
+            if retry is None:
+                record.fail(err)
+                await send_error(send, err, req.id, extra)
+                return
+            pool = retry
         record.first_token = loop.time()
         record.prompt_tokens = result.usage.prompt_tokens
         record.completion_tokens = result.usage.completion_tokens
@@ -747,6 +763,54 @@ class Gateway:
         if filler is not None:
             filler.completion(result)
         await send_json(send, 200, encode_completion(req, result), req.id, raw_headers=extra)
+
+    def _attempt_over(self, ticket: Ticket, outcome: Outcome, record: _Progress) -> None:
+        """One engine attempt ended: free its slot, close its span, settle the retry count."""
+        ticket.pool.scheduler.release(ticket, outcome)
+        if record.upstream is not None:
+            record.end_upstream()
+        if record.retrying:
+            record.retrying = False
+            self.resilience[ticket.pool.name].retrying -= 1
+
+    async def _after_failure(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        endpoint: EndpointState,
+        err: GatewayError,
+        record: _Progress,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Pool | None:
+        """An attempt failed before the first byte. Count it against the endpoint, and say
+        which pool to try next (``None``: answer with the error)."""
+        if err.status < 500:
+            return None  # the engine refused the request itself: another would too
+        await self._engine_suspect(endpoint)
+        res = self.resilience[pool.name]
+        res.failed(endpoint, loop.time())
+        tried = (req.tried or frozenset()) | {endpoint.name}
+        req.tried = tried
+        if record.attempts >= res.retries.max_retries:
+            target = None
+        elif res.has_alternative(tried) and res.budget_allows():
+            target = pool
+        else:
+            target = None
+        if target is None:
+            fallback = res.retries.fallback
+            if fallback is None or record.fell_back or record.attempts > res.retries.max_retries:
+                return None
+            record.fell_back = True
+            target = self.pools[fallback]
+            req.tried = None
+        record.attempts += 1
+        record.retrying = True
+        tres = self.resilience[target.name]
+        tres.retrying += 1
+        code = err.code or "error"
+        res.retries_by_reason[code] = res.retries_by_reason.get(code, 0) + 1
+        return target
 
     async def _stream(
         self,
@@ -758,23 +822,53 @@ class Gateway:
         extra: list[tuple[bytes, bytes]],
         filler: Filler | None,
     ) -> None:
-        try:
-            ticket = await self._admit(req, pool, record)
-        except GatewayError as err:
-            record.fail(err)
-            await send_error(send, err, req.id, extra)
-            return
-        encoder = StreamEncoder(req)
-        gen = ticket.endpoint.backend.stream(req)
-        outcome = Outcome.ERROR
-        started = False
-        try:
+        # Attempts until one produces a first chunk: a failure before the first byte is
+        # still an ordinary HTTP error, so it can be retried on another endpoint.
+        while True:
             try:
-                first = await gen.__anext__()
+                ticket = await self._admit(req, pool, record)
+            except GatewayError as err:
+                record.fail(err)
+                await send_error(send, err, req.id, extra)
+                return
+            res = self.resilience[pool.name]
+            gen = ticket.endpoint.backend.stream(req)
+            err: GatewayError | None = None
+            try:
+                limit = _first_token_limit(res, req, loop)
+                if limit is None:
+                    first = await gen.__anext__()
+                else:
+                    async with asyncio.timeout(limit):
+                        first = await gen.__anext__()
             except StopAsyncIteration:
                 first = None
-            # The first byte goes out only once the engine produced something, so a failure
-            # before it is still an ordinary HTTP error the client (or a retry) can act on.
+            except GatewayError as exc:
+                err = exc
+            except TimeoutError:
+                err = _timeout_error(res, req, loop)
+            except asyncio.CancelledError:
+                await _close(gen)
+                self._attempt_over(ticket, Outcome.CANCELLED, record)
+                raise
+            except Exception as exc:
+                err = _backend_failure(ticket.endpoint, exc)
+            if err is None:
+                break
+            await _close(gen)
+            self._attempt_over(ticket, Outcome.ERROR, record)
+            retry = await self._after_failure(req, pool, ticket.endpoint, err, record, loop)
+            if retry is None:
+                record.fail(err)
+                await send_error(send, err, req.id, extra)
+                return
+            pool = retry
+        encoder = StreamEncoder(req)
+        outcome = Outcome.ERROR
+        timeouts = res.timeouts
+        deadline = req.arrival + timeouts.total_s if timeouts.total_s is not None else None
+        dog = Watchdog(loop, timeouts.idle_s, deadline) if timeouts.idle_s is not None or deadline else None
+        try:
             record.first_token = loop.time()
             await send(
                 {
@@ -783,49 +877,54 @@ class Gateway:
                     "headers": [*_SSE_HEADERS, (b"x-request-id", req.id.encode()), *extra],
                 }
             )
-            started = True
             head = encoder.start()
             if first is not None:
                 head += encoder.chunk(first)
                 await send({"type": "http.response.body", "body": head, "more_body": True})
-                if filler is None:
-                    async for chunk in gen:
-                        data = encoder.chunk(chunk)
-                        if data:
-                            await send({"type": "http.response.body", "body": data, "more_body": True})
-                else:
+                if filler is not None:
                     filler.chunk(first)
-                    async for chunk in gen:
+                async for chunk in gen:
+                    if dog is not None:
+                        dog.last = loop.time()
+                    if filler is not None:
                         filler.chunk(chunk)
-                        data = encoder.chunk(chunk)
-                        if data:
-                            await send({"type": "http.response.body", "body": data, "more_body": True})
+                    data = encoder.chunk(chunk)
+                    if data:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
             elif head:
                 await send({"type": "http.response.body", "body": head, "more_body": True})
             outcome = Outcome.OK
+            if dog is not None:
+                dog.stop()
             await send({"type": "http.response.body", "body": encoder.end(), "more_body": False})
         except asyncio.CancelledError:
-            outcome = Outcome.CANCELLED
-            raise
+            task = asyncio.current_task()
+            if dog is None or dog.fired is None or task is None or task.uncancel() > 0:
+                outcome = Outcome.CANCELLED
+                raise
+            # The watchdog's cancellation, not the client's: end the stream with an error.
+            err = _stream_timeout(dog.fired, timeouts)
+            record.fail(err)
+            record.status = 200
+            await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+            res.failed(ticket.endpoint, loop.time())
         except Exception as exc:
             if not isinstance(exc, GatewayError) or exc.status >= 500:
                 await self._engine_suspect(ticket.endpoint)
+                res.failed(ticket.endpoint, loop.time())
             err = exc if isinstance(exc, GatewayError) else _backend_failure(ticket.endpoint, exc)
             record.fail(err)
-            if started:
-                record.status = 200
-                await send(
-                    {"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False}
-                )
-            else:
-                await send_error(send, err, req.id, extra)
+            record.status = 200
+            await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+        else:
+            res.succeeded(ticket.endpoint, loop.time())
         finally:
+            if dog is not None:
+                dog.stop()
             try:
-                await gen.aclose()
+                await _close(gen)
             finally:
-                pool.scheduler.release(ticket, outcome)
-                if record.upstream is not None:
-                    record.end_upstream()
+                self._attempt_over(ticket, outcome, record)
                 usage = encoder.final_usage()
                 record.prompt_tokens = usage.prompt_tokens
                 record.completion_tokens = usage.completion_tokens
@@ -887,6 +986,7 @@ class Gateway:
             principal=req.principal,
             pool=progress.pool,
             cached=progress.cached,
+            retries=progress.attempts,
             prompt=req.prompt if self._record_prompts else None,
         )
 
@@ -901,6 +1001,7 @@ class Gateway:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         models: dict[str, Any] = {}
+        now = asyncio.get_running_loop().time() if self.started else 0.0
         ready = self.started and not self.draining
         for name, pool in self.pools.items():
             healthy = sum(1 for e in pool.endpoints if e.healthy)
@@ -919,6 +1020,10 @@ class Gateway:
                         "in_flight_tokens": e.in_flight_tokens,
                         "limit": e.limit or None,
                         "load_weight": round(e.load_weight, 3),
+                        "ejected": e.ejected,
+                        "ejections": e.ejections,
+                        **({"ejected_for_s": round(max(0.0, e.ejected_until - now), 1)} if e.ejected else {}),
+                        "draining": e.draining,
                         "completed": e.completed,
                         "errors": e.errors,
                         "load": msgspec.to_builtins(e.load) if e.load is not None else None,
@@ -1066,15 +1171,18 @@ class _Progress:
 
     __slots__ = (
         "admitted",
+        "attempts",
         "cached",
         "completion_tokens",
         "endpoint",
         "error_code",
+        "fell_back",
         "finish_reason",
         "first_token",
         "outcome",
         "pool",
         "prompt_tokens",
+        "retrying",
         "status",
         "trace",
         "upstream",
@@ -1092,6 +1200,11 @@ class _Progress:
         self.cached = False
         self.pool: str | None = None
         self.finish_reason: str | None = None
+        self.attempts = 0
+        """Retries so far (0: the first attempt)."""
+        self.retrying = False
+        """The current attempt is a retry (counted in the pool's retry budget)."""
+        self.fell_back = False
         self.trace: RequestTrace | None = None
         self.upstream: Any = None
         """The upstream span, while the engine call runs (tracing on)."""
@@ -1177,3 +1290,59 @@ async def _traced(trace: RequestTrace, name: str, step: Any) -> Any:
         raise
     finally:
         span.end()
+
+
+async def _close(gen: Any) -> None:
+    """Close an engine stream (cancels the engine's work if it is still running)."""
+    try:
+        await gen.aclose()
+    except Exception:  # a stream that failed may fail again on close; the error is known
+        pass
+
+
+def _first_token_limit(
+    res: Resilience, req: InferenceRequest, loop: asyncio.AbstractEventLoop
+) -> float | None:
+    """Seconds this attempt may take to its first token: the TTFT limit, or what is left
+    of the request's total time, whichever is shorter."""
+    t = res.timeouts
+    limit = t.ttft_s
+    if t.total_s is not None:
+        left = req.arrival + t.total_s - loop.time()
+        limit = left if limit is None else min(limit, left)
+    if limit is not None and limit <= 0:
+        limit = 0.001
+    return limit
+
+
+def _timeout_error(res: Resilience, req: InferenceRequest, loop: asyncio.AbstractEventLoop) -> GatewayError:
+    t = res.timeouts
+    if t.total_s is not None and loop.time() >= req.arrival + t.total_s - 0.001:
+        return GatewayError(
+            504,
+            f"The request did not finish within {t.total_s:g} s.",
+            type="timeout_error",
+            code="request_timeout",
+        )
+    return GatewayError(
+        504,
+        f"The engine produced no token within {t.ttft_s:g} s.",
+        type="timeout_error",
+        code="ttft_timeout",
+    )
+
+
+def _stream_timeout(kind: str, timeouts: Any) -> GatewayError:
+    if kind == "idle":
+        return GatewayError(
+            504,
+            f"The engine sent nothing for {timeouts.idle_s:g} s; the stream was ended.",
+            type="timeout_error",
+            code="idle_timeout",
+        )
+    return GatewayError(
+        504,
+        f"The request did not finish within {timeouts.total_s:g} s; the stream was ended.",
+        type="timeout_error",
+        code="request_timeout",
+    )

@@ -93,6 +93,9 @@ KNOWN_CODES = frozenset(
         "no_healthy_endpoint",
         "upstream_error",
         "internal_error",
+        "ttft_timeout",
+        "idle_timeout",
+        "request_timeout",
     }
 )
 """Error codes used as label values; an engine's own codes are reported as ``other``."""
@@ -260,18 +263,33 @@ class _LiveCollector(Collector):
             "Requests the scheduler refused, by error code.",
             labels=["model", "code"],
         )
+        ejected = _gauge("shuniu_endpoint_ejected", "1 while outlier detection keeps the endpoint out.", ep)
+        ejections = CounterMetricFamily(
+            "shuniu_endpoint_ejections", "Times outlier detection ejected the endpoint.", labels=ep
+        )
+        retries = CounterMetricFamily(
+            "shuniu_retries",
+            "Attempts on another endpoint or the fallback model, by the error that caused them.",
+            labels=["model", "reason"],
+        )
         for name, pool in gw.pools.items():
             q = getattr(pool.scheduler, "queued", None)
             if q is not None:
                 queued.add_metric([name], q)
             for code, count in (getattr(pool.scheduler, "rejected", None) or {}).items():
                 rejected.add_metric([name, code], count)
+            res = gw.resilience.get(name)
+            if res is not None:
+                for reason, count in res.retries_by_reason.items():
+                    retries.add_metric([name, reason if reason in KNOWN_CODES else "other"], count)
             for e in pool.endpoints:
                 labels = [name, e.name]
                 in_flight.add_metric(labels, e.in_flight)
                 in_flight_tokens.add_metric(labels, e.in_flight_tokens)
                 limit.add_metric(labels, e.limit or 0)
                 healthy.add_metric(labels, 1 if e.healthy else 0)
+                ejected.add_metric(labels, 1 if e.ejected else 0)
+                ejections.add_metric(labels, e.ejections)
                 completed.add_metric(labels, e.completed)
                 errors.add_metric(labels, e.errors)
                 load = e.load
@@ -286,7 +304,7 @@ class _LiveCollector(Collector):
                     if load.prefix_hits is not None:
                         ph.add_metric(labels, load.prefix_hits)
         yield from (in_flight, in_flight_tokens, limit, healthy, completed, errors, queued)
-        yield from (running, waiting, kv, pq, ph, weight, rejected)
+        yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries)
         yield from self._engines()
         yield from self._cache()
         yield from self._hardware()

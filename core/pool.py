@@ -36,7 +36,11 @@ class EndpointState:
         "backend",
         "completed",
         "draining",
+        "ejected",
+        "ejected_until",
+        "ejections",
         "errors",
+        "failures_in_row",
         "healthy",
         "in_flight",
         "in_flight_tokens",
@@ -51,6 +55,9 @@ class EndpointState:
         "name",
         "version",
         "weight",
+        "window_failures",
+        "window_requests",
+        "window_start",
     )
 
     def __init__(
@@ -86,9 +93,22 @@ class EndpointState:
         self.load: EndpointLoad | None = None
         self.load_at = 0.0
         self.load_weight = 0.0
+        # Passive outlier detection (shuniu.core.resilience).
+        self.ejected = False
+        self.ejected_until = 0.0
+        self.ejections = 0
+        self.failures_in_row = 0
+        self.window_start = 0.0
+        self.window_requests = 0
+        self.window_failures = 0
 
     def has_capacity(self) -> bool:
-        return self.healthy and not self.draining and (self.limit == 0 or self.in_flight < self.limit)
+        return (
+            self.healthy
+            and not self.ejected
+            and not self.draining
+            and (self.limit == 0 or self.in_flight < self.limit)
+        )
 
     def __repr__(self) -> str:
         return f"<EndpointState {self.name} in_flight={self.in_flight} healthy={self.healthy}>"
@@ -151,15 +171,21 @@ class Pool:
 
     def has_healthy(self, version: str | None = None) -> bool:
         return any(
-            e.healthy and not e.draining and (version is None or e.version == version) for e in self.endpoints
+            e.healthy and not e.ejected and not e.draining and (version is None or e.version == version)
+            for e in self.endpoints
         )
 
     def try_dispatch(self, req: InferenceRequest, now: float) -> Ticket | None:
         """Give ``req`` a slot on an endpoint the balancer picks, if one has a free slot
         (and runs ``req.version``, when the request is pinned to one)."""
         version = req.version
+        tried = req.tried
         candidates = [
-            e for e in self.endpoints if e.has_capacity() and (version is None or e.version == version)
+            e
+            for e in self.endpoints
+            if e.has_capacity()
+            and (version is None or e.version == version)
+            and (tried is None or e.name not in tried)
         ]
         if not candidates:
             return None

@@ -125,6 +125,8 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     """Hash chain of the prompt's blocks, filled lazily by the first policy that needs it
     (:func:`shuniu.core.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
     prefix_block: int = 0
+    tried: frozenset[str] | None = None
+    """Endpoints this request already failed on (a retry avoids them)."""
     trace_headers: dict[str, str] | None = None
     """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
     gateway's upstream span when tracing is on, else the client's own, passed through."""
@@ -214,5 +216,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     request was refused before a model was known."""
     cached: bool = False
     """Answered from the response cache."""
+    retries: int = 0
+    """Attempts after the first (on other endpoints or the fallback model)."""
     prompt: str | None = None
     """The prompt text, only when the deployment asks for it (``gateway.access_log.include_prompt``)."""

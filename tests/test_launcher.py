@@ -501,7 +501,8 @@ async def test_stop_kills_the_whole_group_after_the_grace(tmp_path: Path) -> Non
     engine.start()
     try:
         log = tmp_path / "m-0.log"
-        await _eventually(lambda: log.exists() and "started" in log.read_text())
+        # "\nstarted": the echo, not the command line the log header repeats.
+        await _eventually(lambda: log.exists() and "\nstarted" in log.read_text())
         pid = engine.pid
         assert pid is not None and engine.state is EngineState.STARTING
         assert os.getpgid(pid) == pid  # its own process group

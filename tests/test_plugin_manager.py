@@ -42,9 +42,9 @@ BALANCERS = {
     "least_load",
     "prefix_affinity",
 }
-TENANCY = {"api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
+TENANCY = {"bench", "api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
-BUILTINS = {"sim", "openai", "vllm", "fifo", "priority", "locality", *BALANCERS, *TENANCY, *HARDWARE}
+BUILTINS = {"sim", "openai", "vllm", "tgi", "trtllm", "ascend", "fifo", "priority", "locality", *BALANCERS, *TENANCY, *HARDWARE}
 
 
 @pytest.fixture(autouse=True)
@@ -217,7 +217,7 @@ def test_disabled_backend_is_an_unknown_kind(monkeypatch: pytest.MonkeyPatch) ->
         load_deployment(None, load_plugins(), text=textwrap.dedent(text))
     [problem] = info.value.problems
     assert problem.path == "models.m.endpoints[0].kind"
-    assert problem.message == "unknown backend 'openai'; registered: sim, vllm"
+    assert problem.message == "unknown backend 'openai'; registered: ascend, sim, tgi, trtllm, vllm"
 
 
 # -- broken plugins -------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def test_unknown_names_list_what_is_registered(fake_site: Path) -> None:
         "unknown scheduler 'edf'; registered: fifo, priority" + failed_note
     )
     assert problems["models.chat.endpoints[1].kind"].message == (
-        "unknown backend 'vllm-turbo'; registered: openai, sim, vllm" + failed_note
+        "unknown backend 'vllm-turbo'; registered: ascend, openai, sim, tgi, trtllm, vllm" + failed_note
     )
     # With line numbers, for `shuniu validate`.
     assert problems["models.chat.balancer.policy"].line == 4

@@ -1,0 +1,27 @@
+"""Registers the ``ascend`` backend."""
+
+from __future__ import annotations
+
+from shuniu.backends.ascend.options import AscendOptions
+from shuniu.core import hookimpl
+from shuniu.core.interfaces import EndpointSpec
+
+__all__ = ["register_backends"]
+
+
+def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
+    # Imported on use: listing plugins or validating a deployment needs no aiohttp.
+    from shuniu.backends.ascend.backend import build_backend
+
+    return build_backend(spec)
+
+
+@hookimpl
+def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+    register(
+        "ascend",
+        _factory,
+        options=AscendOptions,
+        description="Ascend NPU engines: vllm-ascend (the vllm adapter) or MindIE Service (its OpenAI "
+        "API, health probes and /metrics), with each endpoint's NPU readings from npu-smi.",
+    )
