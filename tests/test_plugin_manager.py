@@ -44,7 +44,20 @@ BALANCERS = {
 }
 TENANCY = {"bench", "api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
-BUILTINS = {"sim", "openai", "vllm", "tgi", "trtllm", "ascend", "fifo", "priority", "locality", *BALANCERS, *TENANCY, *HARDWARE}
+BUILTINS = {
+    "sim",
+    "openai",
+    "vllm",
+    "tgi",
+    "trtllm",
+    "ascend",
+    "fifo",
+    "priority",
+    "locality",
+    *BALANCERS,
+    *TENANCY,
+    *HARDWARE,
+}
 
 
 @pytest.fixture(autouse=True)
