@@ -349,7 +349,7 @@ class _LiveCollector(Collector):
         snapshot = self.gateway.hardware_readings
         if not snapshot:
             return
-        labels = ["kind", "device", "name"]
+        labels = ["kind", "device", "name", "uuid"]
         fields: list[tuple[str, str, Callable[[dict[str, Any]], Any]]] = [
             (
                 "shuniu_device_memory_used_bytes",
@@ -370,7 +370,12 @@ class _LiveCollector(Collector):
             if not probe.get("available"):
                 continue
             for d in probe.get("devices", []):
-                key = [str(d.get("kind", probe.get("probe"))), str(d.get("index")), str(d.get("name", ""))]
+                key = [
+                    str(d.get("kind", probe.get("probe"))),
+                    str(d.get("index")),
+                    str(d.get("name", "")),
+                    str(d.get("uuid") or ""),  # joins with DCGM's UUID label
+                ]
                 for family, get in families:
                     value = get(d)
                     if value is not None and not (isinstance(value, float) and math.isnan(value)):
