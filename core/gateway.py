@@ -210,7 +210,9 @@ class Gateway:
                     template = base_url_template(type(options)) if options is not None else None
                     if template is not None and "base_url" not in ep_cfg.options:
                         options = with_base_url(options, engine_url(template, launch.host, port))
-                    extra["launch"] = {"host": launch.host, "port": port}
+                    # The environment too: a backend may read its devices from it
+                    # (e.g. ASCEND_RT_VISIBLE_DEVICES).
+                    extra["launch"] = {"host": launch.host, "port": port, "env": dict(plan.env)}
                 spec = EndpointSpec(
                     name=ep_name,
                     model=model_name,
@@ -999,7 +1001,27 @@ class Gateway:
 
     # -- the HTTP app ------------------------------------------------------------------
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
+    async def endpoint_devices(self) -> dict[str, list[Any]]:
+        """Endpoint name → the accelerator readings of its engine, for backends that can
+        tell (``devices()``, e.g. ``ascend``); each backend caches its own probe."""
+        names: list[str] = []
+        calls = []
+        for pool in self.pools.values():
+            for e in pool.endpoints:
+                devices = getattr(e.backend, "devices", None)
+                if devices is not None:
+                    names.append(e.name)
+                    calls.append(asyncio.wait_for(devices(), 5.0))
+        if not calls:
+            return {}
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        return {
+            name: [msgspec.to_builtins(d) for d in result]
+            for name, result in zip(names, results, strict=True)
+            if not isinstance(result, BaseException)
+        }
+
+    def readiness(self, devices: dict[str, list[Any]] | None = None) -> tuple[bool, dict[str, Any]]:
         models: dict[str, Any] = {}
         now = asyncio.get_running_loop().time() if self.started else 0.0
         ready = self.started and not self.draining
@@ -1028,6 +1050,7 @@ class Gateway:
                         "errors": e.errors,
                         "load": msgspec.to_builtins(e.load) if e.load is not None else None,
                         **self._launch_view(e),
+                        **({"devices": devices[e.name]} if devices and e.name in devices else {}),
                     }
                     for e in pool.endpoints
                 ],
@@ -1098,9 +1121,9 @@ class Gateway:
         def health(request: Request[Any, Any, Any]) -> Response[bytes]:
             return _json_response(request, 200, {"status": "ok"})
 
-        @get("/ready", sync_to_thread=False)
-        def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-            ok, body = gateway.readiness()
+        @get("/ready")
+        async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+            ok, body = gateway.readiness(await gateway.endpoint_devices())
             return _json_response(request, 200 if ok else 503, body)
 
         @get("/metrics", include_in_schema=False)

@@ -127,6 +127,8 @@ class ScriptedUpstream:
                     return resp
                 if script == "slow":
                     await asyncio.sleep(0.02)
+                if script == "nodone" and i == 1:
+                    return resp  # a clean end of the body, without [DONE]
             await resp.write(event({}, "stop"))
             usage = {
                 "id": "x",
@@ -258,3 +260,13 @@ def test_unreachable_upstream_is_502_before_health_notices(gateway_factory) -> N
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "upstream_error"
     assert "Cannot reach" in resp.json()["error"]["message"]
+
+
+def test_a_stream_that_ends_without_done_is_an_error_not_a_short_answer(
+    gateway_factory, upstream: ScriptedUpstream
+) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model="chat", messages=_msg("nodone"), stream=True)
+    with pytest.raises(openai.APIError, match="without \\[DONE\\]"):
+        list(stream)

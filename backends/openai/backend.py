@@ -174,12 +174,13 @@ class OpenAIBackend(BackendBase):
             resp = await self._session.post(
                 self._urls[req.api], data=self._payload(req, stream), headers=headers
             )
+        except TimeoutError:
+            # Before OSError: on 3.11 TimeoutError is an OSError, and a timeout is not "unreachable".
+            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise upstream_error(
                 f"Cannot reach the engine endpoint {self.name} ({type(exc).__name__})."
             ) from None
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
         if resp.status != 200:
             try:
                 raw = await resp.read()
@@ -248,6 +249,9 @@ class OpenAIBackend(BackendBase):
                     text, extra = choice.text or "", None
                 if text or extra or choice.finish_reason is not None or body.usage is not None:
                     yield Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+            # The body ended without [DONE]: the engine stopped mid-answer (a crash, a proxy
+            # cutting the connection). Say so rather than end the stream as if complete.
+            raise upstream_error(f"The engine endpoint {self.name} ended the stream without [DONE].")
         except (
             aiohttp.ClientPayloadError,
             aiohttp.ClientConnectionError,

@@ -1,0 +1,491 @@
+"""Forwarding to a Text Generation Inference (TGI) server and reading its load.
+
+Completions go to TGI's native ``/generate_stream`` (``/generate`` when not streamed), with
+OpenAI's parameters mapped to TGI's (:mod:`shuniu.backends.tgi.protocol`); chat goes to
+TGI's OpenAI-compatible Messages API (``/v1/chat/completions``), whose request path is the
+``openai`` backend's. ``/info`` gives the context window, ``/health`` liveness and
+``/metrics`` the engine's own load.
+
+The ``text-generation`` client package (0.7.0) speaks the same protocol but is not used on
+the request path: its ``AsyncClient`` opens a new aiohttp session (a new connection pool, so
+a new TCP handshake) for every request, builds each request and each streamed token through
+pydantic models (``.dict()`` warns on every call under pydantic 2), has no ``adapter_id``,
+and turns the Messages API's error events into ``UnknownError`` with the kind lost. This
+module keeps one pooled keep-alive session per endpoint (TCP_NODELAY, as aiohttp sets it),
+decodes events with msgspec, and needs no extra installed (docs/backends/tgi.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import aiohttp
+import msgspec
+
+from shuniu.backends.openai.backend import OpenAIBackend
+from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.tgi import protocol
+from shuniu.backends.tgi.metrics import parse_tgi_metrics
+from shuniu.backends.tgi.options import TgiOptions
+from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
+
+__all__ = ["ProbeError", "TgiBackend"]
+
+_encode = msgspec.json.Encoder().encode
+_MAX_EVENT = 16 * 1024 * 1024
+"""Longest SSE line accepted. TGI's final ``/generate_stream`` event repeats the whole
+generated text, so lines can be long (aiohttp's own line reader stops at 128 kB)."""
+
+
+class _Token(msgspec.Struct):
+    text: str = ""
+    special: bool = False
+
+
+class _StreamDetails(msgspec.Struct):
+    finish_reason: str | None = None
+    generated_tokens: int | None = None
+    input_length: int | None = None
+
+
+class _StreamEvent(msgspec.Struct):
+    # generated_text is not declared: the final event repeats the text the tokens already
+    # carried, and msgspec skips undeclared fields without building them.
+    token: _Token | None = None
+    details: _StreamDetails | None = None
+    error: Any = None
+    error_type: str | None = None
+
+
+class _Details(msgspec.Struct):
+    finish_reason: str | None = None
+    generated_tokens: int | None = None
+    prefill: list[msgspec.Raw] = msgspec.field(default_factory=list)
+
+
+class _Generated(msgspec.Struct):
+    generated_text: str = ""
+    details: _Details | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    delta: dict[str, Any] | None = None
+    finish_reason: str | None = None
+
+
+class _ChatEvent(msgspec.Struct):
+    choices: list[_ChatChoice] = msgspec.field(default_factory=list)
+    usage: Usage | None = None
+    error: Any = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: Any = None
+    error_type: str | None = None
+
+
+_decode_event = msgspec.json.Decoder(_StreamEvent).decode
+_decode_generated = msgspec.json.Decoder(_Generated).decode
+_decode_chat = msgspec.json.Decoder(_ChatEvent).decode
+_decode_error = msgspec.json.Decoder(_ErrorBody).decode
+_DROP = frozenset({"role", "content"})
+_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
+
+
+class ProbeError(RuntimeError):
+    """A ``/health``, ``/info`` or ``/metrics`` probe got a non-200 answer."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _extra(delta: dict[str, Any]) -> dict[str, Any] | None:
+    """Delta fields other than role and content (``tool_calls``), for the client."""
+    out = {k: v for k, v in delta.items() if k not in _DROP and v is not None and v != []}
+    return out or None
+
+
+def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
+    value = resp.headers.get(name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+class _DataLines:
+    """The ``data:`` payloads of an SSE body, in order, whatever the line length.
+
+    TGI (axum) writes ``data:<json>`` lines (no space), blank lines between events and
+    ``:`` comment lines as keep-alives; payloads are returned stripped, comments dropped.
+    A class rather than an async generator so that a stream closed half-way leaves no
+    generator behind to be finalised later."""
+
+    __slots__ = ("_blocks", "_eof", "_pending", "_tail")
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self._blocks = content.iter_any().__aiter__()
+        self._pending: deque[bytes] = deque()
+        self._tail = b""
+        self._eof = False
+
+    def __aiter__(self) -> _DataLines:
+        return self
+
+    async def __anext__(self) -> bytes:
+        pending = self._pending
+        while not pending:
+            if self._eof:
+                raise StopAsyncIteration
+            try:
+                block = await self._blocks.__anext__()
+            except StopAsyncIteration:
+                self._eof = True
+                if self._tail.startswith(b"data:"):
+                    pending.append(self._tail[5:].strip())
+                self._tail = b""
+                continue
+            if self._tail:
+                block = self._tail + block
+            start = 0
+            while (end := block.find(b"\n", start)) >= 0:
+                if block.startswith(b"data:", start):
+                    pending.append(block[start + 5 : end].strip())
+                start = end + 1
+            self._tail = block[start:]
+            if len(self._tail) > _MAX_EVENT:
+                raise aiohttp.ClientPayloadError(f"an event longer than {_MAX_EVENT} bytes")
+        return pending.popleft()
+
+
+class TgiBackend(OpenAIBackend):
+    kind: ClassVar[str] = "tgi"
+
+    def __init__(self, spec: EndpointSpec) -> None:
+        opts = spec.options
+        assert isinstance(opts, TgiOptions)
+        # The Messages API is OpenAI's chat API under /v1: the openai backend's request path
+        # serves it, with "tgi" (or the adapter) as the model, since TGI reads any other
+        # model name as a LoRA adapter id.
+        api = OpenAIOptions(
+            base_url=f"{opts.base_url}/v1",
+            model=opts.adapter_id or "tgi",
+            api_key=opts.api_key,
+            headers=opts.headers,
+            connect_timeout_s=opts.connect_timeout_s,
+            timeout_s=opts.timeout_s,
+            max_connections=opts.max_connections,
+        )
+        super().__init__(replace(spec, options=api))
+        self.tgi_options = opts
+        self._adapter = opts.adapter_id
+        self._send_model = opts.adapter_id or "tgi"
+        root = opts.base_url
+        self._generate_url = f"{root}/generate"
+        self._stream_url = f"{root}/generate_stream"
+        self._info_url = f"{root}/info"
+        self._health_url = root + opts.health_path
+        self._metrics_url = root + opts.metrics_path
+        probe_headers = {**opts.headers, "accept": "*/*", "accept-encoding": "identity"}
+        if opts.api_key:
+            probe_headers["authorization"] = f"Bearer {opts.api_key}"
+        self._probe_headers = probe_headers
+        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
+        self.info: dict[str, Any] | None = None
+        """TGI's ``/info`` answer once read (model id, version, limits)."""
+        self.info_problem: str | None = None
+        """Why ``/info`` has not been read (health reports it)."""
+        self.max_input_tokens: int | None = None
+        """``max_input_tokens`` from ``/info`` (``max_input_length`` before TGI 2.1)."""
+        self.max_batch_total_tokens: int | None = None
+        """``max_batch_total_tokens`` from ``/info`` (TGI up to 2.2; from 2.4 it is on
+        ``/metrics`` as ``tgi_batch_max_total_tokens``)."""
+        self._probed = False
+
+    # -- lifecycle and probes ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the connection pool and read ``/info``. A server that is not up yet is not
+        an error: health checks keep the endpoint out of balancing and read ``/info`` once
+        the server answers."""
+        self._probed = False
+        await super().start()  # asks _probe_max_model_len only when max_model_len is unknown
+        if not self._probed:
+            await self._probe_quietly()
+
+    async def _probe_max_model_len(self) -> int | None:
+        # The openai backend's start-up hook: /info gives the context window and more.
+        await self._probe_quietly()
+        return self.max_model_len
+
+    async def _probe_quietly(self) -> None:
+        self._probed = True
+        try:
+            await self.discover()
+        except ProbeError as exc:
+            self.info_problem = str(exc)
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            self.info_problem = f"GET /info: {_describe(exc)}"
+
+    async def discover(self) -> None:
+        """Read ``/info``: the context window (``max_total_tokens``, which becomes
+        ``max_model_len`` unless configured), ``max_input_tokens`` and, on older servers,
+        ``max_batch_total_tokens``. Raises on transport errors and non-200 answers."""
+        assert self._session is not None, "not started"
+        async with self._session.get(
+            self._info_url, headers=self._probe_headers, timeout=self._probe_timeout
+        ) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ProbeError(f"GET /info: HTTP {resp.status}")
+        data = msgspec.json.decode(raw)
+        if not isinstance(data, dict):
+            raise ProbeError("GET /info: not a JSON object")
+
+        def number(*names: str) -> int | None:
+            for name in names:
+                value = data.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+            return None
+
+        self.max_input_tokens = number("max_input_tokens", "max_input_length")
+        self.max_batch_total_tokens = number("max_batch_total_tokens")
+        total = number("max_total_tokens")
+        if self.max_model_len is None and total is not None:
+            self.max_model_len = total
+        self.info = data
+        self.info_problem = None
+
+    async def health(self) -> Health:
+        """``/health`` answers 200 (TGI checks its model shards), and ``/info`` has been
+        read (it is read here until it has)."""
+        session = self._session
+        if session is None:
+            return Health(False, "not started")
+        try:
+            async with session.get(
+                self._health_url, headers=self._probe_headers, timeout=self._probe_timeout
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+            if status != 200:
+                text = body[:200].decode("utf-8", "replace").strip()
+                return Health(False, f"HTTP {status}: {text}" if text else f"HTTP {status}")
+            if self.info is None:
+                await self.discover()
+        except ProbeError as exc:
+            return Health(False, str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            return Health(False, _describe(exc))
+        return Health(True, "HTTP 200")
+
+    async def load(self) -> EndpointLoad:
+        """The engine's load from ``/metrics`` (see
+        :func:`~shuniu.backends.tgi.metrics.parse_tgi_metrics`). Raises when the page cannot
+        be read or holds no TGI series; the gateway then ages the last snapshot."""
+        session = self._session
+        if session is None:
+            raise ProbeError("not started")
+        async with session.get(
+            self._metrics_url, headers=self._probe_headers, timeout=self._probe_timeout
+        ) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ProbeError(f"GET {self.tgi_options.metrics_path}: HTTP {resp.status}")
+        return parse_tgi_metrics(raw, self.max_batch_total_tokens)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _payload(self, req: InferenceRequest, stream: bool) -> bytes:
+        # The openai backend's body hook, used for the Messages API (chat) only.
+        body = protocol.chat_body(req)
+        body["model"] = self._send_model
+        if stream:
+            body["stream"] = True
+            # Always ask for usage (TGI's prompt length comes only with it); the gateway
+            # strips it from the client's stream unless the client asked too.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return _encode(body)
+
+    def _generate_payload(self, req: InferenceRequest) -> bytes:
+        return _encode({"inputs": req.prompt, "parameters": protocol.generate_parameters(req, self._adapter)})
+
+    def _error(self, status: int, raw: bytes) -> GatewayError:
+        """A non-200 answer: TGI's ``{"error", "error_type"}`` body, or (from axum, which
+        rejects a body before TGI sees it, or a proxy) plain text."""
+        message = raw[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
+        error_type = None
+        try:
+            body = _decode_error(raw)
+        except msgspec.DecodeError:
+            pass
+        else:
+            if isinstance(body.error, str):
+                message, error_type = body.error, body.error_type
+            elif isinstance(body.error, dict) and isinstance(body.error.get("message"), str):
+                message = body.error["message"]
+        return protocol.tgi_error(self.name, message, error_type, status)
+
+    async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse:
+        # The openai backend's request hook (chat): the same post, through _open.
+        return await self._open(self._urls[req.api], self._payload(req, stream))
+
+    async def _open(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+        if self._session is None:
+            raise upstream_error(f"The engine endpoint {self.name} is not started.", 503)
+        try:
+            resp = await self._session.post(url, data=payload, headers=self._headers)
+        except TimeoutError:  # first: TimeoutError is an OSError
+            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise upstream_error(
+                f"Cannot reach the engine endpoint {self.name} ({type(exc).__name__})."
+            ) from None
+        if resp.status != 200:
+            try:
+                raw = await resp.read()
+            finally:
+                resp.release()
+            raise self._error(resp.status, raw)
+        return resp
+
+    async def complete(self, req: InferenceRequest) -> Completion:
+        if req.api == "chat":
+            result = await super().complete(req)
+            result.finish_reason = protocol.finish_reason(result.finish_reason)
+            return result
+        protocol.check_completion(req)
+        resp = await self._open(self._generate_url, self._generate_payload(req))
+        try:
+            raw = await resp.read()
+        except TimeoutError:
+            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
+        except aiohttp.ClientError as exc:
+            raise upstream_error(
+                f"The engine endpoint {self.name} failed mid-response ({type(exc).__name__})."
+            ) from None
+        finally:
+            resp.release()
+        try:
+            body = _decode_generated(raw)
+        except msgspec.DecodeError:
+            raise upstream_error(f"The engine endpoint {self.name} sent a malformed response.") from None
+        details = body.details
+        completion = details.generated_tokens if details is not None else None
+        if completion is None:
+            completion = _int_header(resp, "x-generated-tokens") or 0
+        # TGI sends the prompt length as a header on /generate; its details list the prompt
+        # tokens only when decoder_input_details is asked for (costly, so it is not).
+        prompt = _int_header(resp, "x-prompt-tokens")
+        if prompt is None:
+            prompt = len(details.prefill) if details is not None and details.prefill else req.prompt_tokens
+        finish = protocol.finish_reason(details.finish_reason if details is not None else None)
+        return Completion(body.generated_text, finish, Usage(prompt, completion, prompt + completion))
+
+    def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
+        return self._stream_chat(req) if req.api == "chat" else self._stream_generate(req)
+
+    async def _stream_generate(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
+        """``/generate_stream``: one event per token, the last with ``details`` (finish
+        reason, token counts), or an error event. TGI answers 200 before it validates, so
+        validation and overload errors arrive as the first event; the gateway has sent
+        nothing yet then, and the client gets an ordinary HTTP error."""
+        protocol.check_completion(req)
+        resp = await self._open(self._stream_url, self._generate_payload(req))
+        done = False
+        try:
+            async for data in _DataLines(resp.content):
+                if done:
+                    continue  # nothing follows the final event; read to the end regardless
+                try:
+                    event = _decode_event(data)
+                except msgspec.DecodeError:
+                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+                if event.error is not None:
+                    raise protocol.tgi_error(self.name, str(event.error), event.error_type)
+                token = event.token
+                special = token is None or token.special
+                text = "" if special or token is None else token.text
+                details = event.details
+                if details is None:
+                    if not special:
+                        yield Chunk(text, 1)
+                    continue
+                done = True
+                generated = details.generated_tokens or 0
+                prompt = details.input_length if details.input_length is not None else req.prompt_tokens
+                yield Chunk(
+                    text,
+                    0 if special else 1,
+                    protocol.finish_reason(details.finish_reason),
+                    Usage(prompt, generated, prompt + generated),
+                )
+            if not done:
+                raise upstream_error(
+                    f"The engine endpoint {self.name} ended the stream before its last token."
+                )
+        except TimeoutError:  # before _BROKEN: aiohttp's read timeouts are connection errors too
+            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
+        except _BROKEN as exc:
+            raise upstream_error(
+                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
+            ) from None
+        finally:
+            if done:
+                resp.release()
+            else:
+                # Dropping the connection is how TGI learns the client went away: it stops
+                # generating and counts the request as dropped.
+                resp.close()
+
+    async def _stream_chat(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
+        """The Messages API stream: OpenAI chunks, a usage chunk, ``[DONE]``. TGI reports
+        every error, before or after the first token, as an event
+        ``{"error": {"message", "http_status_code": 422}}`` (the status is 422 whatever
+        the error), so the kind is read from the message."""
+        resp = await self._post(req, stream=True)
+        done = False
+        try:
+            async for data in _DataLines(resp.content):
+                if done:
+                    continue
+                if data == b"[DONE]":
+                    done = True
+                    continue
+                try:
+                    event = _decode_chat(data)
+                except msgspec.DecodeError:
+                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+                if event.error is not None:
+                    err = event.error
+                    message = err.get("message") if isinstance(err, dict) else err
+                    raise protocol.tgi_error(self.name, str(message or err), None)
+                if not event.choices:
+                    if event.usage is not None:
+                        yield Chunk(usage=event.usage)
+                    continue
+                choice = event.choices[0]
+                delta = choice.delta or {}
+                text = delta.get("content") or ""
+                extra = _extra(delta)
+                finish = protocol.finish_reason(choice.finish_reason)
+                if text or extra or finish is not None or event.usage is not None:
+                    yield Chunk(text, 1 if text else 0, finish, event.usage, extra)
+            if not done:
+                raise upstream_error(f"The engine endpoint {self.name} ended the stream before [DONE].")
+        except TimeoutError:  # before _BROKEN: aiohttp's read timeouts are connection errors too
+            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
+        except _BROKEN as exc:
+            raise upstream_error(
+                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
+            ) from None
+        finally:
+            if done:
+                resp.release()
+            else:
+                resp.close()
