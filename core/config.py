@@ -121,6 +121,12 @@ class GatewayConfig(_Strict):
     power) in ``/metrics``; the probes run at most every 2 s, in worker threads."""
     access_log: AccessLogConfig | None = None
     """Write one JSON line per finished request. ``None``: no access log."""
+    admin_keys: list[str] = Field(default_factory=list)
+    """SHA-256 hashes (``sha256:<hex>``, as ``shuniu keys new`` prints) of the keys that may use
+    the admin API (``/admin/...``: traffic weights, drain, add and remove endpoints). Empty:
+    the admin API answers 403."""
+    admin_keys_env: str | None = None
+    """An environment variable holding more admin key hashes (comma or space separated)."""
     tracing: TracingConfig | None = None
     """OpenTelemetry tracing. ``None``: as ``exporter: auto`` (on only when the process
     already has an SDK tracer provider); a client's ``traceparent`` is passed to engines

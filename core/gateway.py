@@ -22,6 +22,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from shuniu.core.access_log import AccessLog
+from shuniu.core.admin import admin_routes
 from shuniu.core.composite import Composite
 from shuniu.core.config_loader import ResolvedDeployment, expand_endpoints
 from shuniu.core.errors import (
@@ -156,6 +157,7 @@ class Gateway:
         self.engines: dict[str, ManagedEngine] = {}
         """Endpoint name → the engine process the gateway launched for it (``launch:``)."""
         self._health_tasks: list[asyncio.Task[None]] = []
+        self._endpoint_tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._observers: list[Callable[[RequestRecord], Any]] = plugins.hook_functions("request_finished")
         gw = self.config.gateway
         self._max_body = gw.max_body_bytes
@@ -309,18 +311,8 @@ class Gateway:
             if pool.max_model_len is None:
                 lens = [e.backend.max_model_len for e in pool.endpoints if e.backend.max_model_len]
                 pool.max_model_len = min(lens) if lens else None
-            model = self.config.models[pool.name]
             for endpoint in pool.endpoints:
-                self._health_tasks.append(
-                    asyncio.create_task(
-                        self._health_loop(pool, endpoint, model.health), name=f"health:{endpoint.name}"
-                    )
-                )
-                self._health_tasks.append(
-                    asyncio.create_task(
-                        self._load_loop(pool, endpoint, model.load), name=f"load:{endpoint.name}"
-                    )
-                )
+                self._watch(pool, endpoint)
         for fn in self.plugins.hook_functions("gateway_startup"):
             result = fn(gateway=self)
             if inspect.isawaitable(result):
@@ -407,6 +399,73 @@ class Gateway:
                     log.warning("endpoint %s is unhealthy: %s", endpoint.name, detail)
                     pool.set_healthy(endpoint, False)
             await asyncio.sleep(cfg.interval_s)
+
+    def _watch(self, pool: Pool, endpoint: EndpointState) -> None:
+        """Start the endpoint's health and load loops."""
+        model = self.config.models[pool.name]
+        tasks = [
+            asyncio.create_task(
+                self._health_loop(pool, endpoint, model.health), name=f"health:{endpoint.name}"
+            ),
+            asyncio.create_task(self._load_loop(pool, endpoint, model.load), name=f"load:{endpoint.name}"),
+        ]
+        self._health_tasks.extend(tasks)
+        self._endpoint_tasks[endpoint.name] = tasks
+
+    # -- run-time changes (the admin API) ----------------------------------------------------
+
+    def find_endpoint(self, name: str) -> tuple[Pool, EndpointState] | None:
+        for pool in self.pools.values():
+            for e in pool.endpoints:
+                if e.name == name:
+                    return pool, e
+        return None
+
+    async def add_endpoint(self, model: str, cfg: Any, options: Any) -> EndpointState:
+        """Build, start and add one endpoint to a model's pool. It joins balancing after its
+        first passing health probe. ``cfg`` is a validated :class:`EndpointConfig` without
+        ``launch`` and with ``replicas: 1``; ``options`` its validated backend options."""
+        pool = self.pools[model]
+        name = cfg.name
+        spec = EndpointSpec(name=name, model=model, options=options, max_model_len=pool.max_model_len)
+        backend = self.plugins.registered("backends")[cfg.kind].factory(spec)
+        endpoint = EndpointState(
+            name,
+            backend,
+            weight=cfg.weight,
+            version=cfg.version,
+            max_concurrency=cfg.max_concurrency,
+            labels=dict(cfg.labels),
+        )
+        endpoint.healthy = False
+        endpoint.last_health_detail = "added; waiting for its first health probe"
+        await backend.start()
+        pool.add(endpoint)
+        self._watch(pool, endpoint)
+        log.warning("endpoint %s added to %s (version %s)", name, model, cfg.version)
+        return endpoint
+
+    def log_change(self, what: str) -> None:
+        log.warning("admin: %s", what)
+
+    def set_draining(self, endpoint: EndpointState, draining: bool) -> None:
+        """Draining: no new requests; those in flight finish."""
+        pool_endpoint = self.find_endpoint(endpoint.name)
+        endpoint.draining = draining
+        if not draining and pool_endpoint is not None:
+            pool_endpoint[0].scheduler.wake(pool_endpoint[0])
+        log.warning("endpoint %s %s", endpoint.name, "draining" if draining else "back in balancing")
+
+    async def remove_endpoint(self, pool: Pool, endpoint: EndpointState) -> None:
+        """Take a drained endpoint (nothing in flight) out of its pool and stop it."""
+        pool.remove(endpoint)
+        tasks = self._endpoint_tasks.pop(endpoint.name, [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._health_tasks = [t for t in self._health_tasks if t not in tasks]
+        await endpoint.backend.stop()
+        log.warning("endpoint %s removed from %s", endpoint.name, pool.name)
 
     def _refresh_max_model_len(self, pool: Pool) -> None:
         """A launched engine joined: its backend may now know the context window, which was
@@ -1178,6 +1237,7 @@ class Gateway:
                 status_data,
                 # A server that brings its own /metrics (the simulator's fake vLLM) keeps it.
                 *([metrics] if self._serves_metrics() else []),
+                *admin_routes(self),
                 *self._extra_routes,
             ],
             exception_handlers={HTTPException: _http_exception, Exception: _unexpected},

@@ -135,6 +135,7 @@ class Pool:
     """The endpoints of one model, with its balancer and scheduler."""
 
     __slots__ = (
+        "_next_index",
         "_on_change",
         "balancer",
         "dispatched",
@@ -164,10 +165,31 @@ class Pool:
         self.max_model_len = max_model_len
         self.dispatched = 0
         """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
-        self.versions = frozenset(e.version for e in endpoints)
-        self.versions_key = ",".join(sorted(self.versions))
+        self._next_index = len(endpoints)
+        self.versions: frozenset[str] = frozenset()
+        self.versions_key = ""
         """The versions as one string (a cache key part: answers of any of them)."""
+        self._versions_changed()
         self._on_change: list[Callable[[Pool], Any]] = []
+
+    def _versions_changed(self) -> None:
+        self.versions = frozenset(e.version for e in self.endpoints)
+        self.versions_key = ",".join(sorted(self.versions))
+
+    def add(self, endpoint: EndpointState) -> None:
+        """A new endpoint joins (at run time). Its ``index`` is new, never reused: balancers
+        key state on it."""
+        endpoint.index = self._next_index
+        self._next_index += 1
+        # A new list, not an append: code iterating the old one is not disturbed.
+        self.endpoints = [*self.endpoints, endpoint]
+        self._versions_changed()
+        self.scheduler.wake(self)
+
+    def remove(self, endpoint: EndpointState) -> None:
+        """An endpoint leaves (drained first: nothing in flight)."""
+        self.endpoints = [e for e in self.endpoints if e is not endpoint]
+        self._versions_changed()
 
     def has_healthy(self, version: str | None = None) -> bool:
         return any(

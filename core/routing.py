@@ -59,12 +59,12 @@ class _Split:
 class Router:
     """Resolves ``(request, the pool its model names)`` to the pool that serves it."""
 
-    __slots__ = ("_pin_header", "_rules", "_splits")
+    __slots__ = ("_pin_header", "_rng", "_rules", "_splits")
 
     def __init__(
         self, models: dict[str, ModelConfig], pools: dict[str, Pool], *, seed: int | None = None
     ) -> None:
-        rng = random.Random(seed)
+        rng = self._rng = random.Random(seed)
         self._rules: dict[str, tuple[_Rule, ...]] = {}
         self._splits: dict[str, _Split] = {}
         self._pin_header: dict[str, bytes] = {}
@@ -84,6 +84,21 @@ class Router:
             if model.traffic:
                 self._splits[name] = _Split(model.traffic, rng)
             self._pin_header[name] = model.version_header.lower().encode("latin-1")
+
+    def traffic(self, model: str) -> dict[str, float]:
+        """The model's current version weights (empty: no split)."""
+        split = self._splits.get(model)
+        if split is None:
+            return {}
+        weights = [b - a for a, b in zip([0.0, *split.cumulative], split.cumulative, strict=False)]
+        return dict(zip(split.versions, weights, strict=True))
+
+    def set_traffic(self, model: str, weights: dict[str, float]) -> None:
+        """Replace the model's split (empty: none). The caller validated the versions."""
+        if weights and any(w > 0 for w in weights.values()):
+            self._splits[model] = _Split(weights, self._rng)
+        else:
+            self._splits.pop(model, None)
 
     def resolve(self, req: InferenceRequest, pool: Pool) -> Pool:
         """The pool for ``req`` (its rules applied), with ``req.version`` set when the pool
