@@ -12,6 +12,8 @@ time; a tenant's API key is not enough). Without admin keys configured the route
   deployment file, without ``launch``); it joins after its first passing health probe.
 - ``DELETE /admin/endpoints/{name}``: remove a drained endpoint with nothing in flight
   (409 otherwise).
+- ``POST /admin/reload``: re-read the deployment file and apply it (as ``SIGHUP`` does); a
+  bad file changes nothing and the answer lists its problems.
 
 A rolling update from version A to B is then: add B endpoints, move ``traffic`` step by
 step, drain A, wait for their ``in_flight`` to reach 0, delete them.
@@ -30,7 +32,7 @@ from pydantic import ValidationError
 
 from shuniu.core.auth import bearer_token
 from shuniu.core.config import EndpointConfig
-from shuniu.core.errors import GatewayError
+from shuniu.core.errors import ConfigError, GatewayError
 
 if TYPE_CHECKING:
     from shuniu.core.gateway import Gateway
@@ -94,7 +96,8 @@ def admin_routes(gateway: Gateway) -> list[Any]:
         return _response(200, body)
 
     @put("/admin/models/{model:str}/traffic")
-    async def traffic(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+    async def traffic(request: Request[Any, Any, Any]) -> Response[bytes]:
+        model = request.path_params["model"]
         if (err := check(request)) is not None:
             return _error(err)
         pool = gateway.pools.get(model)
@@ -142,15 +145,16 @@ def admin_routes(gateway: Gateway) -> list[Any]:
         )
 
     @post("/admin/endpoints/{name:str}/drain", status_code=200)
-    async def drain(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
-        return await _drain(request, name, True)
+    async def drain(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return await _drain(request, request.path_params["name"], True)
 
     @post("/admin/endpoints/{name:str}/undrain", status_code=200)
-    async def undrain(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
-        return await _drain(request, name, False)
+    async def undrain(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return await _drain(request, request.path_params["name"], False)
 
     @post("/admin/models/{model:str}/endpoints", status_code=201)
-    async def add(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+    async def add(request: Request[Any, Any, Any]) -> Response[bytes]:
+        model = request.path_params["model"]
         if (err := check(request)) is not None:
             return _error(err)
         if model not in gateway.pools:
@@ -192,7 +196,8 @@ def admin_routes(gateway: Gateway) -> list[Any]:
         return _response(201, {"endpoint": endpoint.name, "model": model, "version": endpoint.version})
 
     @delete("/admin/endpoints/{name:str}", status_code=200)
-    async def remove(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+    async def remove(request: Request[Any, Any, Any]) -> Response[bytes]:
+        name = request.path_params["name"]
         if (err := check(request)) is not None:
             return _error(err)
         found = gateway.find_endpoint(name)
@@ -217,4 +222,21 @@ def admin_routes(gateway: Gateway) -> list[Any]:
         await gateway.remove_endpoint(pool, endpoint)
         return _response(200, {"endpoint": name, "removed": True})
 
-    return [state, traffic, drain, undrain, add, remove]
+    @post("/admin/reload", status_code=200)
+    async def reload(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (err := check(request)) is not None:
+            return _error(err)
+        try:
+            changes = await gateway.reload()
+        except ConfigError as exc:
+            body = GatewayError(
+                400,
+                f"Reload refused, nothing changed: {len(exc.problems)} problem(s).",
+                code="invalid_deployment",
+            )
+            payload = msgspec.json.decode(body.body())
+            payload["error"]["problems"] = [str(p) for p in exc.problems]
+            return _response(400, payload)
+        return _response(200, {"reloaded": True, "changes": changes})
+
+    return [state, traffic, drain, undrain, add, remove, reload]

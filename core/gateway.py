@@ -24,9 +24,11 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFou
 from shuniu.core.access_log import AccessLog
 from shuniu.core.admin import admin_routes
 from shuniu.core.composite import Composite
-from shuniu.core.config_loader import ResolvedDeployment, expand_endpoints
+from shuniu.core.config_loader import QUICKSTART_NAME, ResolvedDeployment, expand_endpoints, load_deployment
 from shuniu.core.errors import (
+    ConfigError,
     GatewayError,
+    Problem,
     context_too_long,
     method_not_allowed,
     model_not_found,
@@ -191,7 +193,10 @@ class Gateway:
 
     # -- building ----------------------------------------------------------------------
 
-    def _build(self) -> None:
+    def _build(self, reuse: dict[tuple[str, str, str], EndpointState] | None = None) -> None:
+        """Build the pools of ``self.config`` into ``self.pools`` (and routes, resilience,
+        engines). ``reuse`` (a reload): (model, endpoint name, its config as JSON) → an
+        existing endpoint to keep, with its backend, health and engine, instead of a new one."""
         backends = self.plugins.registered("backends")
         schedulers = self.plugins.registered("schedulers")
         # Ports for launched engines with `port: 0`, picked now (the backends are built with
@@ -202,6 +207,11 @@ class Gateway:
             plans = []
             for index, replica, ep_name in expand_endpoints(model_name, model.endpoints):
                 ep_cfg = model.endpoints[index]
+                if reuse is not None:
+                    kept = reuse.get((model_name, ep_name, ep_cfg.model_dump_json()))
+                    if kept is not None:
+                        endpoints.append(kept)
+                        continue
                 options = self.resolved.endpoint_options.get((model_name, index))
                 extra: dict[str, Any] = {}
                 plan = None
@@ -251,16 +261,23 @@ class Gateway:
                 self.engines[endpoint.name] = ManagedEngine(
                     plan, on_down=functools.partial(pool.set_healthy, endpoint, False)
                 )
+            if reuse is not None:
+                for endpoint in endpoints:
+                    engine = self.engines.get(endpoint.name)
+                    if engine is not None and engine.plan is not None:
+                        # A kept engine reports going down to its new pool.
+                        engine._on_down = functools.partial(pool.set_healthy, endpoint, False)
 
-    def _build_tenancy(self) -> Tenancy:
+    def _build_tenancy(self, store: Any = None) -> Tenancy:
         registered = self.plugins.registered("authenticators")
         authenticators = [
             registered[cfg.kind].factory(self.resolved.authenticator_options.get(i))
             for i, cfg in enumerate(self.config.auth.authenticators)
         ]
-        store = None
         rl = self.config.rate_limits
-        if rl is not None or limits_in_use(self.config, self.resolved.authenticator_options):
+        if store is None and (
+            rl is not None or limits_in_use(self.config, self.resolved.authenticator_options)
+        ):
             name = rl.store if rl is not None else "memory"
             store = self.plugins.registered("rate_limiters")[name].factory(self.resolved.rate_limit_options)
         tenancy = Tenancy(self.config, authenticators, store)
@@ -413,6 +430,131 @@ class Gateway:
         self._endpoint_tasks[endpoint.name] = tasks
 
     # -- run-time changes (the admin API) ----------------------------------------------------
+
+    async def reload(self) -> list[str]:
+        """Re-read the deployment file and apply it without dropping a request. Raises
+        :class:`ConfigError` (nothing changed) when the file is invalid or asks for what
+        only a restart can do. Returns what changed.
+
+        Endpoints whose entry is unchanged are kept as they are (backend, health, launched
+        engine, requests in flight); new ones start before they are swapped in; removed
+        ones drain (in-flight requests finish) and then stop. Pools get fresh schedulers
+        and balancers: requests already queued are served by the old ones."""
+        if self.resolved.source in (QUICKSTART_NAME, "<text>"):
+            raise ConfigError(
+                [Problem("", "only a deployment read from a file can be reloaded")], self.resolved.source
+            )
+        resolved = load_deployment(self.resolved.source, self.plugins)
+        new_cfg = resolved.deployment
+        problems = _reload_problems(self.config, new_cfg)
+        if problems:
+            raise ConfigError(problems, self.resolved.source)
+        reuse: dict[tuple[str, str, str], EndpointState] = {}
+        old_by_name: dict[str, tuple[Pool, EndpointState]] = {}
+        for model_name, model in self.config.models.items():
+            pool = self.pools[model_name]
+            by_name = {e.name: e for e in pool.endpoints}
+            for index, _replica, ep_name in expand_endpoints(model_name, model.endpoints):
+                endpoint = by_name.get(ep_name)
+                if endpoint is not None:
+                    key = (model_name, ep_name, model.endpoints[index].model_dump_json())
+                    reuse[key] = endpoint
+            for e in pool.endpoints:  # endpoints added through the admin API are kept too
+                old_by_name[e.name] = (pool, e)
+        # Build the new pools (synchronous: no request runs in between), then put the
+        # current state back until the new backends have started.
+        saved = (self.resolved, self.config, self.pools, self.routes, self.resilience, self.engines)
+        self.resolved, self.config = resolved, new_cfg
+        self.pools, self.routes, self.resilience, self.engines = {}, {}, {}, dict(self.engines)
+        try:
+            self._build(reuse)
+            new = (self.pools, self.routes, self.resilience, self.engines)
+        finally:
+            self.resolved, self.config, self.pools, self.routes, self.resilience, self.engines = saved
+        new_pools, new_routes, new_resilience, new_engines = new
+        kept = {id(e) for p in new_pools.values() for e in p.endpoints}
+        added = [
+            (p, e)
+            for p in new_pools.values()
+            for e in p.endpoints
+            if id(e) not in {id(x) for _, x in old_by_name.values()}
+        ]
+        removed = [(p, e) for p, e in old_by_name.values() if id(e) not in kept]
+        await asyncio.gather(*(e.backend.start() for _, e in added))
+        # The swap.
+        old_pools = self.pools
+        self.resolved, self.config = resolved, new_cfg
+        self.pools, self.routes, self.resilience = new_pools, new_routes, new_resilience
+        self.engines = {
+            name: eng for name, eng in new_engines.items() if name not in {e.name for _, e in removed}
+        }
+        self.router = Router(new_cfg.models, new_pools)
+        old_store = self.tenancy.store
+        same_limits = new_cfg.rate_limits == saved[1].rate_limits
+        self.tenancy = self._build_tenancy(store=old_store if same_limits else None)
+        self._identity_headers = self.tenancy.identity_headers
+        if new_cfg.cache != saved[1].cache:
+            old_cache = self.cache
+            self.cache = self._build_cache()
+            if old_cache is not None:
+                await old_cache.store.close()
+        if not same_limits and old_store is not None:
+            await old_store.close()
+        # Health and load loops follow each endpoint into its new pool.
+        for pool in new_pools.values():
+            if pool.max_model_len is None:
+                lens = [e.backend.max_model_len for e in pool.endpoints if e.backend.max_model_len]
+                pool.max_model_len = min(lens) if lens else None
+            for endpoint in pool.endpoints:
+                for task in self._endpoint_tasks.pop(endpoint.name, []):
+                    task.cancel()
+                self._watch(pool, endpoint)
+        for pool in old_pools.values():
+            pool.scheduler.wake(pool)
+        for _, endpoint in removed:
+            endpoint.draining = True
+        for name, engine in new_engines.items():
+            if name not in saved[5]:
+                engine.start()
+        if removed:
+            asyncio.get_running_loop().create_task(self._retire([e for _, e in removed], saved[5]))
+        changes = [f"added endpoint {e.name} to {p.name}" for p, e in added]
+        changes += [f"removing endpoint {e.name} from {p.name} (draining)" for p, e in removed]
+        added_models = sorted(set(new_pools) - set(old_pools))
+        removed_models = sorted(set(old_pools) - set(new_pools))
+        changes += [f"added model {m}" for m in added_models] + [f"removed model {m}" for m in removed_models]
+        changes.append(
+            "reloaded: pools, routes, traffic, tiers, auth, limits"
+            + (", cache" if new_cfg.cache != saved[1].cache else "")
+        )
+        log.warning("deployment reloaded from %s: %s", resolved.source, "; ".join(changes))
+        return changes
+
+    async def reload_logged(self) -> None:
+        """A reload asked for by ``SIGHUP``: its outcome goes to the log."""
+        try:
+            await self.reload()
+        except ConfigError as exc:
+            log.error("reload refused, nothing changed: %s", exc)
+        except Exception:
+            log.exception("reload failed")
+
+    async def _retire(self, endpoints: list[EndpointState], engines: dict[str, ManagedEngine]) -> None:
+        """Stop removed endpoints once nothing runs on them (or the shutdown grace is over)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.gateway.graceful_shutdown_s
+        while any(e.in_flight for e in endpoints) and loop.time() < deadline:  # noqa: ASYNC110 - a background poll of counters
+            await asyncio.sleep(0.05)
+        for endpoint in endpoints:
+            for task in self._endpoint_tasks.pop(endpoint.name, []):
+                task.cancel()
+            try:
+                await endpoint.backend.stop()
+            except Exception:
+                log.warning("endpoint %s did not stop cleanly", endpoint.name)
+            engine = engines.get(endpoint.name)
+            if engine is not None:
+                await engine.stop()
 
     def find_endpoint(self, name: str) -> tuple[Pool, EndpointState] | None:
         for pool in self.pools.values():
@@ -1429,3 +1571,26 @@ def _stream_timeout(kind: str, timeouts: Any) -> GatewayError:
         type="timeout_error",
         code="request_timeout",
     )
+
+
+def _reload_problems(old: Any, new: Any) -> list[Problem]:
+    """What a reload cannot apply: listening settings and launched engines."""
+    problems = []
+    for field in ("host", "port", "server"):
+        if getattr(old.gateway, field) != getattr(new.gateway, field):
+            problems.append(Problem(f"gateway.{field}", "changes only with a restart"))
+    launched_old = {
+        (m, i): ep.launch.model_dump_json()
+        for m, model in old.models.items()
+        for i, ep in enumerate(model.endpoints)
+        if ep.launch
+    }
+    launched_new = {
+        (m, i): ep.launch.model_dump_json()
+        for m, model in new.models.items()
+        for i, ep in enumerate(model.endpoints)
+        if ep.launch
+    }
+    if launched_old != launched_new:
+        problems.append(Problem("models", "launched engines (`launch:` entries) change only with a restart"))
+    return problems

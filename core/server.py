@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -91,8 +92,19 @@ def run_gateway(
         # uvicorn has no start-up callback; poll its flag (start-up only, never per request).
         while not server.started and not serving.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        if server.started and on_ready is not None:
-            on_ready(host, bound_port)
+        if server.started:
+            # SIGHUP: re-read the deployment file and apply it (docs/high-availability.md).
+            loop = asyncio.get_running_loop()
+            reloads: set[asyncio.Task[None]] = set()
+
+            def on_hup() -> None:
+                task = loop.create_task(gateway.reload_logged())
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
+            if on_ready is not None:
+                on_ready(host, bound_port)
         await serving
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:

@@ -1,0 +1,1 @@
+"""``shuniu bench``: load-test any OpenAI-compatible endpoint."""
