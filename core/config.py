@@ -27,6 +27,7 @@ __all__ = [
     "AuthenticatorConfig",
     "BalancerConfig",
     "CacheConfig",
+    "DegradeConfig",
     "Deployment",
     "EndpointConfig",
     "FilterConfig",
@@ -545,6 +546,30 @@ class LimitsConfig(_Strict):
     """Requests in flight at once."""
 
 
+class DegradeConfig(_Strict):
+    """What a tier gives up while its model's pool is overloaded. The pool is overloaded
+    when its queue wait (an average over recent requests) passes ``queue_wait_s`` or its
+    share of requests refused by the scheduler passes ``refused_share``; it recovers when
+    both fall below half their thresholds."""
+
+    queue_wait_s: float = Field(2.0, gt=0)
+    """Average queue wait (recent requests) that marks the pool overloaded."""
+    refused_share: float = Field(0.05, gt=0, le=1)
+    """Share of recent requests the scheduler refused (full queue, wait limits, shed) that
+    marks the pool overloaded."""
+    max_tokens: int | None = Field(None, ge=1)
+    """While overloaded: ``max_tokens`` capped at this (the request's own, smaller, wins)."""
+    route_to: str | None = None
+    """While overloaded: serve the tier's requests from this model's pool instead (e.g. a
+    smaller model)."""
+    shed: bool = False
+    """While overloaded: refuse the tier's requests at once (503 ``overloaded``, with
+    ``Retry-After``), leaving the capacity to better tiers."""
+    half_life_s: float = Field(5.0, gt=0)
+    """How fast the overload signals fade without new requests (the smallest value of all
+    tiers applies to every pool): the pool recovers by itself once the load is gone."""
+
+
 class TierConfig(_Strict):
     """A class of service: what its clients may use and how much."""
 
@@ -565,6 +590,8 @@ class TierConfig(_Strict):
     ``limits`` override them field by field."""
     tenant_limits: LimitsConfig | None = None
     """Limits of each tenant of this tier, all its credentials together."""
+    degrade: DegradeConfig | None = None
+    """How the tier degrades while its model is overloaded (``None``: it does not)."""
     cache: bool = False
     """Cache this tier's answers even when the request is not deterministic (no
     ``temperature: 0``, no ``seed``). Needs ``cache:`` configured."""
@@ -693,6 +720,15 @@ class Deployment(_Strict):
             if fallback == name:
                 raise ValueError(f"models.{name}.retries.fallback: a model cannot fall back to itself")
         for tier_name, tier in self.tiers.items():
+            if (
+                tier.degrade is not None
+                and tier.degrade.route_to is not None
+                and tier.degrade.route_to not in self.models
+            ):
+                raise ValueError(
+                    f"tiers.{tier_name}.degrade.route_to: no model named {tier.degrade.route_to!r} "
+                    f"(models: {', '.join(self.models)})"
+                )
             for model in tier.models or ():
                 if model not in seen:
                     raise ValueError(

@@ -49,6 +49,7 @@ from shuniu.core.load import adapt_limit, freshness
 from shuniu.core.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shuniu.core.metrics import GatewayMetrics
 from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
+from shuniu.core.overload import OverloadMonitor
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pool import EndpointState, Pool, Ticket
 from shuniu.core.resilience import Resilience, Watchdog
@@ -178,6 +179,14 @@ class Gateway:
         """The last hardware snapshot (for ``/metrics``)."""
         self._record_prompts = gw.access_log is not None and gw.access_log.include_prompt
         self.tracing = setup_tracing(gw.tracing)
+        # The records' times are the event loop's; so is the monitor's clock.
+        degrades = [t.degrade for t in self.config.tiers.values() if t.degrade is not None]
+        self.overload = OverloadMonitor(
+            lambda: asyncio.get_running_loop().time(),
+            min((d.half_life_s for d in degrades), default=5.0),
+        )
+        if degrades:
+            self._observers.append(self.overload.observe)
         self.metrics = GatewayMetrics(self) if gw.metrics else None
         if self.metrics is not None:
             self._observers.append(self.metrics.observe)
@@ -666,6 +675,7 @@ class Gateway:
         req: InferenceRequest | None = None
         tenancy = self.tenancy
         tier: Tier | None = None
+        degraded: bytes | None = None
         headers = scope["headers"]
         trace = self.tracing.start(api, headers, time.time_ns()) if self.tracing is not None else None
         try:
@@ -694,6 +704,8 @@ class Gateway:
             if tenancy.checks_tier:
                 tier = tenancy.tier_of(req.principal)
                 tenancy.check(req, tier, pool.name)
+                if tier.degrade is not None and self.overload.degraded(pool.name, tier.name, tier.degrade):
+                    pool, degraded = self._degrade(req, tier, pool)
             pool = self.router.resolve(req, pool)
             self.check_context(req, pool)
         except GatewayError as err:
@@ -713,7 +725,7 @@ class Gateway:
         cache_key: str | None = None
         filler: Filler | None = None
         try:
-            extra: list[tuple[bytes, bytes]] = []
+            extra: list[tuple[bytes, bytes]] = [] if degraded is None else [(b"x-shuniu-degraded", degraded)]
             if tenancy.store is not None:
                 try:
                     acquiring = tenancy.acquire(req, tier or tenancy.tiers["default"])
@@ -725,7 +737,7 @@ class Gateway:
                     await send_error(send, err, req.id)
                     return
                 if admission is not None:
-                    extra = admission.headers
+                    extra = [*extra, *admission.headers] if extra else admission.headers
             cache = self.cache
             if cache is not None:
                 lookup = self._cache_lookup(cache, req, pool, tier, extra, send, loop, record)
@@ -758,6 +770,33 @@ class Gateway:
                 self._call_observers(rec)
                 if trace is not None:
                     trace.finish(rec, record.finish_reason)
+
+    def _degrade(self, req: InferenceRequest, tier: Tier, pool: Pool) -> tuple[Pool, bytes]:
+        """Apply the tier's degradation while the pool is overloaded; say what was done in
+        ``x-shuniu-degraded``."""
+        cfg = tier.degrade
+        assert cfg is not None
+        if cfg.shed:
+            self.overload.count(pool.name, tier.name, "shed")
+            raise GatewayError(
+                503,
+                f"`{pool.name}` is overloaded; requests of tier {tier.name!r} are refused until it recovers.",
+                type="server_error",
+                code="overloaded",
+                headers={"retry-after": "5", "x-shuniu-degraded": "shed"},
+            )
+        done = []
+        if cfg.max_tokens is not None and (req.max_tokens is None or req.max_tokens > cfg.max_tokens):
+            req.max_tokens = cfg.max_tokens
+            req.body["max_tokens"] = cfg.max_tokens
+            req.body.pop("max_completion_tokens", None)
+            done.append(f"max_tokens={cfg.max_tokens}")
+            self.overload.count(pool.name, tier.name, "max_tokens")
+        if cfg.route_to is not None and cfg.route_to != pool.name:
+            self.overload.count(pool.name, tier.name, "route")
+            pool = self.pools[cfg.route_to]
+            done.append(f"model={cfg.route_to}")
+        return pool, ",".join(done).encode() if done else b"none"
 
     def _check_header_size(self, headers: Any) -> None:
         size = 0

@@ -98,6 +98,7 @@ KNOWN_CODES = frozenset(
         "ttft_timeout",
         "idle_timeout",
         "request_timeout",
+        "overloaded",
     }
 )
 """Error codes used as label values; an engine's own codes are reported as ``other``."""
@@ -380,9 +381,29 @@ class _LiveCollector(Collector):
                         ph.add_metric(labels, load.prefix_hits)
         yield from (in_flight, in_flight_tokens, limit, healthy, completed, errors, queued)
         yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries)
+        yield from self._degradation()
         yield from self._engines()
         yield from self._cache()
         yield from self._hardware()
+
+    def _degradation(self) -> Iterable[Metric]:
+        monitor = getattr(self.gateway, "overload", None)
+        if monitor is None:
+            return
+        count = CounterMetricFamily(
+            "shuniu_degraded_requests",
+            "Requests a tier's overload degradation changed, by action (max_tokens, route, shed).",
+            labels=["model", "tier", "action"],
+        )
+        for (model, tier, action), n in monitor.degraded_requests.items():
+            count.add_metric([model, tier, action], n)
+        state = _gauge(
+            "shuniu_tier_degraded", "1 while the tier is degraded on the model.", ["model", "tier"]
+        )
+        for model, tier in monitor.degraded_pairs:
+            state.add_metric([model, tier], 1)
+        yield count
+        yield state
 
     def _engines(self) -> Iterable[Metric]:
         engines = self.gateway.engines

@@ -33,6 +33,7 @@ class Tier:
 
     __slots__ = (
         "cache",
+        "degrade",
         "key_limits",
         "max_prompt_tokens",
         "max_tokens_default",
@@ -53,6 +54,7 @@ class Tier:
         self.key_limits = _limits(cfg.key_limits)
         self.tenant_limits = _limits(cfg.tenant_limits)
         self.cache = cfg.cache
+        self.degrade = cfg.degrade
 
 
 def _limits(cfg: LimitsConfig | None) -> Limits:

@@ -57,6 +57,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("auth", config.AuthConfig),
     ("auth.authenticators[]", config.AuthenticatorConfig),
     ("tiers.<name>", config.TierConfig),
+    ("tiers.<name>.degrade", config.DegradeConfig),
     ("tiers.<name>.key_limits, tiers.<name>.tenant_limits", config.LimitsConfig),
     ("rate_limits", config.RateLimitsConfig),
     ("cache", config.CacheConfig),
