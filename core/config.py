@@ -208,6 +208,12 @@ class HealthConfig(_Strict):
     """Consecutive failed probes before an endpoint leaves balancing."""
     healthy_after: int = Field(1, ge=1)
     """Consecutive passed probes before it returns."""
+    generation_every: int | None = Field(None, ge=1)
+    """Also ask the engine for one token (a tiny completion, prompt ``ping``) every this
+    many probes, and count a failure or a timeout as a failed probe: catches an engine
+    whose health route answers while generation is stuck. ``None``: only the cheap probe."""
+    generation_timeout_s: float = Field(10.0, gt=0)
+    """Longest the generation probe may take."""
 
 
 class LoadConfig(_Strict):

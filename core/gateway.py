@@ -382,7 +382,7 @@ class Gateway:
 
     async def _health_loop(self, pool: Pool, endpoint: EndpointState, cfg: Any) -> None:
         loop = asyncio.get_running_loop()
-        fails = passes = 0
+        fails = passes = probes = 0
         engine = self.engines.get(endpoint.name)
         while True:
             if engine is not None and not engine.probing:
@@ -403,6 +403,9 @@ class Gateway:
                 raise
             except Exception as exc:
                 ok, detail = False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            probes += 1
+            if ok and cfg.generation_every is not None and probes % cfg.generation_every == 0:
+                ok, detail = await _generation_probe(pool.name, endpoint, cfg.generation_timeout_s, loop)
             endpoint.last_health_detail = detail
             if ok:
                 if endpoint.ejected and self.resilience[pool.name].maybe_return(endpoint, loop.time()):
@@ -1633,3 +1636,34 @@ def _reload_problems(old: Any, new: Any) -> list[Problem]:
     if launched_old != launched_new:
         problems.append(Problem("models", "launched engines (`launch:` entries) change only with a restart"))
     return problems
+
+
+async def _generation_probe(
+    model: str, endpoint: EndpointState, timeout_s: float, loop: asyncio.AbstractEventLoop
+) -> tuple[bool, str]:
+    """One token from the engine, outside the scheduler (a health check, not traffic). An
+    engine that refuses the request (4xx) is alive; only errors, 5xx and timeouts fail it."""
+    req = InferenceRequest(
+        id=f"health-{endpoint.name}",
+        api="completions",
+        model=model,
+        body={"model": model, "prompt": "ping", "max_tokens": 1},
+        prompt="ping",
+        prompt_tokens=1,
+        max_tokens=1,
+        arrival=loop.time(),
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await endpoint.backend.complete(req)
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError:
+        return False, f"generation probe: no token within {timeout_s:g} s"
+    except GatewayError as err:
+        if err.status < 500:
+            return True, f"generation probe answered {err.status}"
+        return False, f"generation probe failed: {err.message}"
+    except Exception as exc:
+        return False, f"generation probe failed: {type(exc).__name__}"
+    return True, "generation probe ok"

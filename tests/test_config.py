@@ -77,7 +77,7 @@ def test_every_problem_with_path_and_line(plugins: PluginManager) -> None:
     assert by_path["models.chat.endpoints[1].replicas"].line == 9
     kind = by_path["models.chat.endpoints[0].kind"]
     assert kind.line == 7
-    assert "registered: openai, sim, vllm" in kind.message
+    assert "registered: ascend, openai, sim, tgi, trtllm, vllm" in kind.message
     assert "registered: least_load, least_requests, " in by_path["models.chat.balancer.policy"].message
     assert by_path["models.chat.balancer.policy"].line == 14
     assert by_path["models.chat.endpoints[1].options.tokens_per_s"].line == 11
@@ -204,7 +204,7 @@ def test_schema_cli_includes_plugin_options(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     schema = json.loads(out.stdout)
     endpoint = schema["$defs"]["EndpointConfig"]
-    assert endpoint["properties"]["kind"]["enum"] == ["openai", "sim", "vllm"]
+    assert endpoint["properties"]["kind"]["enum"] == ["ascend", "openai", "sim", "tgi", "trtllm", "vllm"]
     conditions = {c["if"]["properties"]["kind"]["const"]: c["then"] for c in endpoint["allOf"]}
     sim_opts = conditions["sim"]["properties"]["options"]
     assert "tokens_per_s" in sim_opts["properties"]

@@ -244,3 +244,22 @@ models:
         timeout=10,
     )
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+
+
+def test_the_generation_probe_catches_an_engine_whose_health_route_still_answers(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(
+        """
+models:
+  chat:
+    health: {interval_s: 0.05, unhealthy_after: 2, generation_every: 1, generation_timeout_s: 0.2}
+    endpoints:
+      - {kind: sim, name: ok, options: {ttft_ms: 0}}
+      - kind: sim
+        name: mute
+        options: {ttft_ms: 0, faults: {error_rate: 1.0}}
+"""
+    )
+    wait_until(lambda: not _endpoint(gw, "chat", "mute")["healthy"], timeout=10)
+    mute = _endpoint(gw, "chat", "mute")
+    assert "generation probe failed" in mute["detail"]
+    assert _endpoint(gw, "chat", "ok")["healthy"]
