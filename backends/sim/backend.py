@@ -60,7 +60,8 @@ class SimBackend(BackendBase):
     def __init__(self, spec: EndpointSpec) -> None:
         self.options = spec.options if isinstance(spec.options, SimOptions) else SimOptions()
         self.name = spec.name
-        setup = build_engine(self.options, spec.max_model_len)
+        # A stable seed per endpoint name: replicas jitter independently, runs reproducibly.
+        setup = build_engine(self.options, spec.max_model_len, seed=_seed(spec.name, 0))
         self.engine = setup.engine
         self.max_model_len = setup.max_model_len
         self.description = setup.description

@@ -56,9 +56,9 @@ def resolve_profiles(options: SimOptions) -> tuple[Any, Any, int]:
     return model, hw, kv_tokens
 
 
-def build_engine(options: SimOptions, max_model_len: int | None = None) -> EngineSetup:
+def build_engine(options: SimOptions, max_model_len: int | None = None, seed: int = 0) -> EngineSetup:
     """An engine as the options describe it; ``max_model_len`` is the deployment's value,
-    used when the options give none."""
+    used when the options give none; ``seed`` starts the engine's random stream (step jitter)."""
     cost: CostFunction
     if options.hardware is not None and options.model is not None:
         from shuniu.backends.sim.costmodel import CostModel
@@ -90,5 +90,5 @@ def build_engine(options: SimOptions, max_model_len: int | None = None) -> Engin
         prefix_caching=options.enable_prefix_caching,
         priority=options.scheduling_policy == "priority",
     )
-    engine = SimEngine(EngineCore(config), cost, admission_delay=delay)
+    engine = SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed)
     return EngineSetup(engine, limit, description)

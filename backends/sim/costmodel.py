@@ -3,9 +3,11 @@
 One iteration of a continuous-batching engine runs the new prompt tokens of some prefill chunks
 and one token of each decoding sequence through the model. Its time is
 
-    max(compute / achievable FLOP/s, bytes / achievable bandwidth)
-      + iteration overhead + per-sequence overhead x decoding sequences
-      + tensor-parallel all-reduces
+    max(max(compute / achievable FLOP/s, bytes / achievable bandwidth)
+          + per-sequence overhead x decoding sequences,      # the device path
+        host per-sequence time x decoding sequences)         # the host roof (0 by default)
+      + iteration overhead + tensor-parallel all-reduces
+      + admission cost x requests scheduled for the first time (0 by default)
 
 where, per iteration (T = prefill tokens + decoding sequences, A = attention token pairs =
 ``prefill_attn + decode_kv_tokens``):
@@ -31,12 +33,21 @@ Compute precision: FP8 weights use the FP8 peak where the hardware has one, else
 kernels such as FP8 Marlin); INT8/INT4 weight-only quantization computes in BF16 and only reads
 fewer bytes.
 
+The host roof (``host_seq_us``), the admission cost (``request_overhead_ms``) and step jitter
+(``step_jitter_sigma``) are hardware-profile fields that default to 0, so profiles without them
+(every shipped GPU profile) price iterations as before. Jitter is not applied here: the
+:class:`~shuniu.backends.sim.engine.SimEngine` multiplies each iteration by
+:func:`jitter_factor`, drawn from its own seeded random stream, when :attr:`CostModel.jitter_sigma`
+is set.
+
 Every constant is folded at construction, so :meth:`CostModel.step_time` is a handful of float
 operations: it is called once per simulated iteration, millions of times per run.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from typing import NamedTuple
 
 from shuniu.backends.sim.profiles import (
@@ -48,7 +59,15 @@ from shuniu.backends.sim.profiles import (
     tensor_parallel_problem,
 )
 
-__all__ = ["CostModel", "StepBreakdown"]
+__all__ = ["CostModel", "StepBreakdown", "jitter_factor"]
+
+
+def jitter_factor(rng: random.Random, sigma: float) -> float:
+    """A lognormal factor of mean 1 and log-space standard deviation ``sigma`` (1 when
+    ``sigma`` is 0): ``exp(N(-sigma^2 / 2, sigma^2))``."""
+    if sigma <= 0:
+        return 1.0
+    return math.exp(rng.gauss(-0.5 * sigma * sigma, sigma))
 
 
 class StepBreakdown(NamedTuple):
@@ -59,15 +78,23 @@ class StepBreakdown(NamedTuple):
     memory_s: float
     """Weight and KV bytes over the achievable bandwidth."""
     overhead_s: float
-    """Fixed iteration overhead plus the per-sequence host time."""
+    """Fixed iteration overhead, the device-side per-sequence time and the admission cost."""
     comm_s: float
     """Tensor-parallel all-reduces (0 without tensor parallelism)."""
     total_s: float
     """What :meth:`CostModel.step_time` returns."""
+    host_s: float = 0.0
+    """The host roof: ``host_seq_us`` x decoding sequences (0 without one)."""
+    request_s: float = 0.0
+    """The admission cost of the requests scheduled for the first time (part of ``overhead_s``)."""
+    seq_s: float = 0.0
+    """The device-side per-sequence time (part of ``overhead_s``)."""
 
     @property
     def bound(self) -> str:
-        """``"compute"`` or ``"memory"``: which roof the iteration sits under."""
+        """``"compute"``, ``"memory"`` or ``"host"``: which roof the iteration sits under."""
+        if self.host_s > max(self.compute_s, self.memory_s) + self.seq_s:
+            return "host"
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
@@ -82,10 +109,13 @@ class CostModel:
         "_c_token",
         "_fixed",
         "_fixed_comm",
+        "_host_seq",
         "_m_fixed",
         "_m_kv",
+        "_request",
         "compute_precision",
         "hardware",
+        "jitter_sigma",
         "model",
         "tp",
     )
@@ -125,6 +155,10 @@ class CostModel:
         self._m_fixed = weights_read / tp / bandwidth
         self._m_kv = kv_bytes_per_token_per_device(model, tp) / bandwidth
         self._c_seq = hardware.seq_overhead_us * 1e-6
+        self._host_seq = hardware.host_seq_us * 1e-6
+        self._request = hardware.request_overhead_ms * 1e-3
+        self.jitter_sigma = hardware.step_jitter_sigma
+        """Log-space sigma of the multiplicative step jitter the engine applies (0: none)."""
         if tp > 1:
             link = hardware.interconnect_gb_s * 1e9 / 2 * hardware.interconnect_efficiency
             ring = 2.0 * (tp - 1) / tp
@@ -136,14 +170,20 @@ class CostModel:
         self._fixed = hardware.iteration_overhead_ms * 1e-3 + self._fixed_comm
 
     def step_time(
-        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+        self,
+        prefill_tokens: int,
+        prefill_attn: float,
+        decode_seqs: int,
+        decode_kv_tokens: int,
+        new_seqs: int = 0,
     ) -> float:
-        """Seconds one engine iteration takes.
+        """Seconds one engine iteration takes (before jitter).
 
         ``prefill_tokens``: new prompt tokens computed (summed over prefill chunks);
         ``prefill_attn``: sum over chunks of ``chunk_len x (context_before + chunk_len / 2)``;
         ``decode_seqs``: sequences decoding one token; ``decode_kv_tokens``: KV tokens those
-        sequences attend over in total. 0 for an empty batch.
+        sequences attend over in total; ``new_seqs``: sequences this iteration schedules from
+        the waiting queue (each costs ``request_overhead_ms``). 0 for an empty batch.
         """
         tokens = prefill_tokens + decode_seqs
         if tokens <= 0:
@@ -159,10 +199,19 @@ class CostModel:
         memory = self._m_fixed + kv * self._m_kv
         if compute > memory:
             memory = compute
-        return memory + self._fixed + decode_seqs * self._c_seq + tokens * self._c_comm
+        busy = memory + decode_seqs * self._c_seq
+        host = decode_seqs * self._host_seq
+        if host > busy:
+            busy = host
+        return busy + self._fixed + tokens * self._c_comm + new_seqs * self._request
 
     def breakdown(
-        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+        self,
+        prefill_tokens: int,
+        prefill_attn: float,
+        decode_seqs: int,
+        decode_kv_tokens: int,
+        new_seqs: int = 0,
     ) -> StepBreakdown:
         """:meth:`step_time` split into its parts (for reports and tests; not for the hot path)."""
         tokens = prefill_tokens + decode_seqs
@@ -175,10 +224,13 @@ class CostModel:
         )
         kv = decode_kv_tokens + tokens + (prefill_attn / prefill_tokens if prefill_tokens else 0.0)
         memory = self._m_fixed + kv * self._m_kv
-        overhead = self._fixed - self._fixed_comm + decode_seqs * self._c_seq
+        seq = decode_seqs * self._c_seq
+        host = decode_seqs * self._host_seq
+        request = new_seqs * self._request
+        overhead = self._fixed - self._fixed_comm + seq + request
         comm = self._fixed_comm + tokens * self._c_comm
-        total = max(compute, memory) + overhead + comm
-        return StepBreakdown(compute, memory, overhead, comm, total)
+        total = max(max(compute, memory) + seq, host) + self._fixed - self._fixed_comm + comm + request
+        return StepBreakdown(compute, memory, overhead, comm, total, host, request, seq)
 
     def prefill_time(self, tokens: int, context: int = 0) -> float:
         """Seconds to prefill ``tokens`` prompt tokens in one iteration after ``context`` tokens

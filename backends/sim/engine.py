@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
+import random
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -33,9 +35,15 @@ WAITING, RUNNING, FINISHED = 0, 1, 2
 
 class CostFunction(Protocol):
     def step_time(
-        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+        self,
+        prefill_tokens: int,
+        prefill_attn: float,
+        decode_seqs: int,
+        decode_kv_tokens: int,
+        new_seqs: int = 0,
     ) -> float:
-        """Seconds one iteration takes (see ``backends/sim/costmodel.py``)."""
+        """Seconds one iteration takes (see ``backends/sim/costmodel.py``); ``new_seqs`` is the
+        number of sequences the iteration schedules from the waiting queue."""
         ...
 
 
@@ -137,7 +145,7 @@ class Seq:
 class Batch:
     """One planned iteration."""
 
-    __slots__ = ("decode_kv_tokens", "decode_seqs", "items", "prefill_attn", "prefill_tokens")
+    __slots__ = ("decode_kv_tokens", "decode_seqs", "items", "new_seqs", "prefill_attn", "prefill_tokens")
 
     def __init__(self) -> None:
         self.items: list[tuple[Seq, int]] = []
@@ -145,6 +153,8 @@ class Batch:
         self.prefill_attn = 0.0
         self.decode_seqs = 0
         self.decode_kv_tokens = 0
+        self.new_seqs = 0
+        """Sequences this iteration took from the waiting queue (new, or back after a preemption)."""
 
 
 class EngineCore:
@@ -390,6 +400,7 @@ class EngineCore:
             running.append(seq)
             items.append((seq, n))
             budget -= n
+            batch.new_seqs += 1
             batch.prefill_tokens += n
             batch.prefill_attn += n * (cached + n / 2)
         return batch if items else None
@@ -463,10 +474,16 @@ def _wake(seq: Seq, finished: bool) -> None:
 class SimEngine:
     """Runs an :class:`EngineCore` on the current event loop, one timer per iteration."""
 
-    def __init__(self, core: EngineCore, cost: CostFunction, *, admission_delay: float = 0.0) -> None:
+    def __init__(
+        self, core: EngineCore, cost: CostFunction, *, admission_delay: float = 0.0, seed: int = 0
+    ) -> None:
+        """``seed`` starts the engine's own random stream (step jitter, when the cost model has
+        a ``jitter_sigma``), so a run with the same seed takes the same iteration times."""
         self.core = core
         self.cost = cost
         self.admission_delay = admission_delay
+        self.rng = random.Random(seed)
+        self.jitter_sigma = float(getattr(cost, "jitter_sigma", 0.0) or 0.0)
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.Future[None] | None = None
         self._delayed: set[Seq] = set()
@@ -519,6 +536,10 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         core = self.core
         cost = self.cost
+        sigma = self.jitter_sigma
+        mu = -0.5 * sigma * sigma
+        gauss = self.rng.gauss
+        exp = math.exp
         while True:
             batch = core.schedule()
             if batch is None:
@@ -527,8 +548,14 @@ class SimEngine:
                 self._idle = None
                 continue
             dt = cost.step_time(
-                batch.prefill_tokens, batch.prefill_attn, batch.decode_seqs, batch.decode_kv_tokens
+                batch.prefill_tokens,
+                batch.prefill_attn,
+                batch.decode_seqs,
+                batch.decode_kv_tokens,
+                batch.new_seqs,
             )
+            if sigma:
+                dt *= exp(gauss(mu, sigma))  # costmodel.jitter_factor, inlined
             self.busy_time += dt
             await asyncio.sleep(dt)
             core.apply(batch, loop.time())

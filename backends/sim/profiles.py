@@ -164,6 +164,25 @@ class HardwareProfile(_Strict):
     """Extra host time per decoding sequence in an iteration (input preparation, sampling)."""
     allreduce_latency_us: float = Field(10.0, ge=0)
     """Fixed latency of one all-reduce across the tensor-parallel group."""
+    request_overhead_ms: float = Field(0.0, ge=0)
+    """Extra time, per request, of the iteration that schedules it (first or after a
+    preemption): block allocation, prefix hashing, adding it to the worker's persistent batch,
+    the front end's request intake. Added to the iteration outside both roofs. Default 0 (the
+    shipped GPU profiles have no measurement of it)."""
+    host_seq_us: float = Field(0.0, ge=0)
+    """Host time per decoding sequence on a *host roof*: the iteration lasts
+    ``max(device time, host_seq_us x decoding sequences) + iteration_overhead_ms``, where the
+    device time is the roofline plus ``seq_overhead_us`` per decoding sequence. Models a host
+    core (scheduler, detokenizer, streaming) that works in parallel with the device and binds
+    only at large batches, which makes the step convex in the batch. Default 0: no host roof."""
+    step_jitter_sigma: float = Field(0.0, ge=0, le=2)
+    """Multiplicative jitter of iteration times: each iteration's time is multiplied by a
+    lognormal factor with this log-space sigma and mean 1 (so mean throughput is kept), drawn
+    from the engine's seeded random stream (runs stay reproducible). Default 0: deterministic."""
+    kv_cache_space_gib: float | None = Field(None, gt=0)
+    """A fixed KV-cache size per device (worker process), GiB, instead of the GPU memory
+    formula (memory x utilization - weights - overhead): what vLLM's CPU build takes from
+    ``VLLM_CPU_KVCACHE_SPACE``. Default: the formula."""
     sources: list[str] = Field(default_factory=list)
     """Where each number comes from (datasheet, whitepaper, measurement)."""
 
@@ -379,7 +398,10 @@ def kv_cache_bytes(
 ) -> int:
     """Bytes left for the KV cache on the replica: memory x utilization x tp - weights -
     overhead (``overhead_bytes`` for the whole replica; default :func:`default_overhead_bytes`).
-    0 when the weights do not fit."""
+    0 when the weights do not fit. A profile with ``kv_cache_space_gib`` (a CPU) gives that
+    size instead, whatever the utilization."""
+    if hw.kv_cache_space_gib is not None:
+        return int(hw.kv_cache_space_gib * GIB * tp)  # the CPU build's VLLM_CPU_KVCACHE_SPACE
     if overhead_bytes is None:
         overhead_bytes = default_overhead_bytes(model, tp)
     free = hw.memory_bytes * gpu_memory_utilization * tp - weight_bytes(model) - overhead_bytes

@@ -16,7 +16,12 @@ class FixedRateCost:
         self._prefill = 1.0 / prefill_tokens_per_s if prefill_tokens_per_s > 0 else 0.0
 
     def step_time(
-        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int
+        self,
+        prefill_tokens: int,
+        prefill_attn: float,
+        decode_seqs: int,
+        decode_kv_tokens: int,
+        new_seqs: int = 0,
     ) -> float:
         if not prefill_tokens and not decode_seqs:
             return 0.0

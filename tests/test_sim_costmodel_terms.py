@@ -1,0 +1,158 @@
+"""The cost model's optional terms: admission cost, host roof, step jitter, CPU KV sizing —
+each off by default, so profiles without them price iterations as before."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+
+import pytest
+
+from shuniu.backends.sim.costmodel import CostModel, jitter_factor
+from shuniu.backends.sim.engine import EngineConfig, EngineCore, Seq, SimEngine
+from shuniu.backends.sim.profiles import (
+    ENV_PROFILE_PATH,
+    GIB,
+    HardwareProfile,
+    kv_bytes_per_token,
+    kv_cache_tokens,
+    list_hardware,
+    load_hardware,
+    load_model,
+)
+from shuniu.backends.sim.synthetic import synthetic_ids
+from shuniu.backends.sim.vclock import run_virtual
+
+
+@pytest.fixture(autouse=True)
+def _no_user_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_PROFILE_PATH, raising=False)
+
+
+def _hw(name: str = "cpu-tiny", **update: object) -> HardwareProfile:
+    return load_hardware(name).model_copy(update=update)
+
+
+def _cm(**update: object) -> CostModel:
+    return CostModel(load_model("tiny-llama"), _hw(**update))
+
+
+SHAPES = [(0, 0.0, 1, 200), (0, 0.0, 64, 64 * 232), (200, 20000.0, 0, 0), (512, 512 * 256.0, 32, 32 * 300)]
+
+
+def test_defaults_leave_shipped_profiles_unchanged() -> None:
+    for name in list_hardware():
+        hw = load_hardware(name)
+        if name == "cpu-tiny":
+            continue
+        assert hw.request_overhead_ms == 0 and hw.host_seq_us == 0 and hw.step_jitter_sigma == 0
+        assert hw.kv_cache_space_gib is None
+    model = load_model("llama-3.1-8b")
+    cm = CostModel(model, load_hardware("h200"))
+    assert cm.jitter_sigma == 0
+    for shape in SHAPES:
+        base = cm.step_time(*shape)
+        # new sequences cost nothing without an admission cost
+        assert cm.step_time(*shape, 5) == base
+        b = cm.breakdown(*shape)
+        assert b.host_s == 0 and b.request_s == 0
+        # the old formula: max of the roofs + overhead + per-sequence time (+ no comm at tp 1)
+        old = max(b.compute_s, b.memory_s) + 1.5e-3 + shape[2] * 5e-6
+        assert base == pytest.approx(old, rel=1e-12)
+
+
+def test_admission_cost_is_added_once_per_new_sequence() -> None:
+    cm0, cm = _cm(request_overhead_ms=0.0), _cm(request_overhead_ms=2.0)
+    for shape in SHAPES:
+        for new in (0, 1, 3):
+            assert cm.step_time(*shape, new) == pytest.approx(cm0.step_time(*shape) + new * 2e-3)
+            assert cm.breakdown(*shape, new).total_s == pytest.approx(cm.step_time(*shape, new))
+
+
+def test_engine_counts_each_request_once_as_new() -> None:
+    core = EngineCore(EngineConfig(num_blocks=256, block_size=16, max_num_batched_tokens=64))
+    for i in range(3):  # 100-token prompts: chunked over several iterations
+        core.add(Seq(str(i), synthetic_ids(i + 1, 100), 4, output_seed=i, arrival=0.0))
+    new_total, now = 0, 0.0
+    while core.has_work:
+        batch = core.schedule()
+        assert batch is not None
+        new_total += batch.new_seqs
+        now += 0.01
+        core.apply(batch, now)
+    assert new_total == 3
+    assert core.completed == 3
+
+
+def test_host_roof_binds_only_when_it_exceeds_the_device_path() -> None:
+    base = _cm(host_seq_us=0.0)
+    small = _cm(host_seq_us=1.0)  # never above the device path
+    big = _cm(host_seq_us=500.0)  # always above it for a decode
+    for b in (1, 8, 64, 128):
+        shape = (0, 0.0, b, b * 232)
+        assert small.step_time(*shape) == pytest.approx(base.step_time(*shape))
+        fixed = big.hardware.iteration_overhead_ms * 1e-3
+        assert big.step_time(*shape) == pytest.approx(b * 500e-6 + fixed)
+        assert big.breakdown(*shape).bound == "host"
+    # prefill-only iterations have no decoding sequence on the host roof
+    assert big.step_time(200, 20000.0, 0, 0) == pytest.approx(base.step_time(200, 20000.0, 0, 0))
+    # convex in the batch: the step's slope grows once the host roof binds
+    # (a memory-bound GPU decode: ~4 ms of weight reads, which 100 us x B passes at B ~ 40)
+    gpu = CostModel(load_model("llama-3.1-8b"), _hw("h200", host_seq_us=100.0))
+    t = [gpu.step_time(0, 0.0, b, b * 1024) for b in (8, 16, 96, 128)]
+    assert gpu.breakdown(0, 0.0, 8, 8 * 1024).bound == "memory"
+    assert gpu.breakdown(0, 0.0, 128, 128 * 1024).bound == "host"
+    assert (t[3] - t[2]) / 32 > 2 * (t[1] - t[0]) / 8
+
+
+def test_jitter_factor_is_mean_one_and_reproducible() -> None:
+    assert jitter_factor(random.Random(1), 0.0) == 1.0
+    draws = [jitter_factor(random.Random(7), 0.3) for _ in range(3)]
+    assert draws[0] == draws[1] == draws[2]
+    rng = random.Random(42)
+    xs = [jitter_factor(rng, 0.3) for _ in range(40_000)]
+    assert statistics.fmean(xs) == pytest.approx(1.0, abs=0.01)
+    assert statistics.stdev(math.log(x) for x in xs) == pytest.approx(0.3, rel=0.03)
+
+
+def _run_engine(sigma: float, seed: int) -> list[float]:
+    cost = _cm(step_jitter_sigma=sigma)
+    core = EngineCore(EngineConfig(num_blocks=1024, block_size=16))
+    engine = SimEngine(core, cost, seed=seed)
+    ends: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seqs = []
+        for i in range(8):
+            seq = Seq(str(i), synthetic_ids(i + 1, 50), 20, output_seed=i, arrival=loop.time())
+            seq.done = loop.create_future()
+            engine.submit(seq)
+            seqs.append(seq)
+        for seq in seqs:
+            await seq.done
+            ends.append(loop.time())
+        await engine.stop()
+
+    run_virtual(main())
+    return ends
+
+
+def test_engine_jitter_is_seeded_and_off_by_default() -> None:
+    plain = _run_engine(0.0, 1)
+    assert plain == _run_engine(0.0, 2)  # no jitter: the seed does not matter
+    a, b, c = _run_engine(0.3, 1), _run_engine(0.3, 1), _run_engine(0.3, 2)
+    assert a == b
+    assert a != c and a != plain
+
+
+def test_cpu_kv_cache_space_overrides_the_gpu_formula() -> None:
+    model = load_model("tiny-llama")
+    hw = _hw("cpu", kv_cache_space_gib=1.0)
+    per_token = kv_bytes_per_token(model)
+    assert kv_cache_tokens(model, hw) == GIB // per_token
+    assert kv_cache_tokens(model, hw, gpu_memory_utilization=0.5) == GIB // per_token
+    assert kv_cache_tokens(model, load_hardware("cpu-tiny")) == 1_048_576  # VLLM_CPU_KVCACHE_SPACE=1
+    assert kv_cache_tokens(model, _hw("cpu")) != GIB // per_token  # the formula without it
