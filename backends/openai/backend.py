@@ -8,7 +8,7 @@ and it sets TCP_NODELAY on its connections. The client's body is forwarded as se
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import aiohttp
@@ -19,7 +19,7 @@ from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
 
-__all__ = ["OpenAIBackend"]
+__all__ = ["OpenAIBackend", "post_or_raise"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -52,6 +52,35 @@ def _extra(fields: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {k: v for k, v in fields.items() if k not in _DROP and v is not None and v != []}
     return out or None
+
+
+async def post_or_raise(
+    session: aiohttp.ClientSession | None,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    name: str,
+    error: Callable[[int, bytes], GatewayError],
+) -> aiohttp.ClientResponse:
+    """POST to an engine and return its 200 response (the caller reads and releases it), or
+    raise the gateway's error: 503 not started, 504 timeout, 502 unreachable, and
+    ``error(status, body)`` for any other status. Shared by every HTTP backend."""
+    if session is None:
+        raise upstream_error(f"The engine endpoint {name} is not started.", 503)
+    try:
+        resp = await session.post(url, data=payload, headers=headers)
+    except TimeoutError:
+        # Before OSError: on 3.11 TimeoutError is an OSError, and a timeout is not "unreachable".
+        raise upstream_error(f"The engine endpoint {name} timed out.", 504) from None
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        raise upstream_error(f"Cannot reach the engine endpoint {name} ({type(exc).__name__}).") from None
+    if resp.status != 200:
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        raise error(resp.status, raw)
+    return resp
 
 
 class OpenAIBackend(BackendBase):
@@ -166,28 +195,19 @@ class OpenAIBackend(BackendBase):
             )
         return upstream_error(f"The engine endpoint {self.name} answered HTTP {status}: {message}")
 
+    def _request_headers(self, req: InferenceRequest) -> dict[str, str]:
+        """The headers of an engine call: the endpoint's, plus the request's trace context."""
+        return self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
+
     async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse:
-        if self._session is None:
-            raise upstream_error(f"The engine endpoint {self.name} is not started.", 503)
-        try:
-            headers = self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
-            resp = await self._session.post(
-                self._urls[req.api], data=self._payload(req, stream), headers=headers
-            )
-        except TimeoutError:
-            # Before OSError: on 3.11 TimeoutError is an OSError, and a timeout is not "unreachable".
-            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise upstream_error(
-                f"Cannot reach the engine endpoint {self.name} ({type(exc).__name__})."
-            ) from None
-        if resp.status != 200:
-            try:
-                raw = await resp.read()
-            finally:
-                resp.release()
-            raise self._error(resp.status, raw)
-        return resp
+        return await post_or_raise(
+            self._session,
+            self._urls[req.api],
+            self._payload(req, stream),
+            self._request_headers(req),
+            self.name,
+            self._error,
+        )
 
     async def complete(self, req: InferenceRequest) -> Completion:
         resp = await self._post(req, stream=False)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend
+from shuniu.backends.openai.backend import OpenAIBackend, post_or_raise
 from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
@@ -331,28 +331,10 @@ class TgiBackend(OpenAIBackend):
                 message = body.error["message"]
         return protocol.tgi_error(self.name, message, error_type, status)
 
-    async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse:
-        # The openai backend's request hook (chat): the same post, through _open.
-        return await self._open(self._urls[req.api], self._payload(req, stream))
-
-    async def _open(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
-        if self._session is None:
-            raise upstream_error(f"The engine endpoint {self.name} is not started.", 503)
-        try:
-            resp = await self._session.post(url, data=payload, headers=self._headers)
-        except TimeoutError:  # first: TimeoutError is an OSError
-            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise upstream_error(
-                f"Cannot reach the engine endpoint {self.name} ({type(exc).__name__})."
-            ) from None
-        if resp.status != 200:
-            try:
-                raw = await resp.read()
-            finally:
-                resp.release()
-            raise self._error(resp.status, raw)
-        return resp
+    async def _open(self, url: str, payload: bytes, req: InferenceRequest) -> aiohttp.ClientResponse:
+        return await post_or_raise(
+            self._session, url, payload, self._request_headers(req), self.name, self._error
+        )
 
     async def complete(self, req: InferenceRequest) -> Completion:
         if req.api == "chat":
@@ -360,7 +342,7 @@ class TgiBackend(OpenAIBackend):
             result.finish_reason = protocol.finish_reason(result.finish_reason)
             return result
         protocol.check_completion(req)
-        resp = await self._open(self._generate_url, self._generate_payload(req))
+        resp = await self._open(self._generate_url, self._generate_payload(req), req)
         try:
             raw = await resp.read()
         except TimeoutError:
@@ -396,7 +378,7 @@ class TgiBackend(OpenAIBackend):
         validation and overload errors arrive as the first event; the gateway has sent
         nothing yet then, and the client gets an ordinary HTTP error."""
         protocol.check_completion(req)
-        resp = await self._open(self._stream_url, self._generate_payload(req))
+        resp = await self._open(self._stream_url, self._generate_payload(req), req)
         done = False
         try:
             async for data in _DataLines(resp.content):

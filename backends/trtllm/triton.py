@@ -24,6 +24,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from shuniu.backends.openai.backend import post_or_raise
 from shuniu.backends.trtllm.common import ProbeError, describe, get, probe_headers, short
 from shuniu.backends.trtllm.metrics import parse_triton_metrics
 from shuniu.backends.trtllm.options import ChatTemplate, TrtllmOptions
@@ -337,24 +338,10 @@ class TritonBackend(BackendBase):
             out["sampling_param_stop"] = stops
         return {k: v for k, v in out.items() if self._has(k)}
 
-    async def _post(self, stream: bool, payload: bytes) -> aiohttp.ClientResponse:
-        if self._session is None:
-            raise upstream_error(f"The engine endpoint {self.name} is not started.", 503)
-        try:
-            resp = await self._session.post(self._urls[stream], data=payload, headers=self._headers)
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise upstream_error(
-                f"Cannot reach the engine endpoint {self.name} ({type(exc).__name__})."
-            ) from None
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
-        if resp.status != 200:
-            try:
-                raw = await resp.read()
-            finally:
-                resp.release()
-            raise self._error(resp.status, raw)
-        return resp
+    async def _post(self, stream: bool, payload: bytes, req: InferenceRequest) -> aiohttp.ClientResponse:
+        headers = self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
+        url = self._urls[stream]
+        return await post_or_raise(self._session, url, payload, headers, self.name, self._error)
 
     def _error(self, status: int, raw: bytes) -> GatewayError:
         message = _error_text(raw) or f"HTTP {status}"
@@ -375,7 +362,7 @@ class TritonBackend(BackendBase):
 
     async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
         prep = self.prepare(req, stream=True)
-        resp = await self._post(True, prep.payload)
+        resp = await self._post(True, prep.payload, req)
         trim = StopTrimmer(prep.stops)
         accumulate = self.options.accumulate_tokens
         seen = ""  # the whole text so far (accumulate_tokens)
@@ -444,7 +431,7 @@ class TritonBackend(BackendBase):
 
     async def complete(self, req: InferenceRequest) -> Completion:
         prep = self.prepare(req, stream=False)
-        resp = await self._post(False, prep.payload)
+        resp = await self._post(False, prep.payload, req)
         try:
             raw = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
