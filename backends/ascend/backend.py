@@ -36,7 +36,6 @@ import msgspec
 from shuniu.backends.ascend.metrics import parse_mindie_metrics
 from shuniu.backends.ascend.npu import DeviceSelection, endpoint_report, read_npus, select_devices
 from shuniu.backends.ascend.options import AscendOptions
-from shuniu.backends.openai.backend import _decode_body, _extra
 from shuniu.backends.vllm.backend import ProbeError, VllmBackend
 from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.interfaces import EndpointSpec
@@ -234,27 +233,9 @@ class MindieBackend(_NpuDevices, VllmBackend):
                     await resp.read()
                     complete = True
                     return
-                try:
-                    body = _decode_body(payload)
-                except msgspec.DecodeError:
-                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
-                if body.error is not None:
-                    raise upstream_error(
-                        f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"
-                    )
-                if not body.choices:
-                    if body.usage is not None:
-                        yield Chunk(usage=body.usage)
-                    continue
-                choice = body.choices[0]
-                if chat:
-                    delta = choice.delta or {}
-                    text = delta.get("content") or ""
-                    extra = _extra(delta)
-                else:
-                    text, extra = choice.text or "", None
-                if text or extra or choice.finish_reason is not None or body.usage is not None:
-                    yield Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+                chunk = self._event_chunk(payload, chat)
+                if chunk is not None:
+                    yield chunk
             said, _ = mindie_error_message(bytes(stray).strip()) if stray else ("", None)
             raise upstream_error(
                 f"The engine endpoint {self.name} ended the stream without finishing"

@@ -235,6 +235,30 @@ class OpenAIBackend(BackendBase):
         usage = body.usage or Usage(req.prompt_tokens, 0, req.prompt_tokens)
         return Completion(text, choice.finish_reason, usage, extra)
 
+    def _event_chunk(self, payload: bytes, chat: bool) -> Chunk | None:
+        """One SSE event's JSON (an OpenAI chunk) as a :class:`Chunk`; ``None`` for an event
+        that carries nothing; raises for a malformed event or an error event."""
+        try:
+            body = _decode_body(payload)
+        except msgspec.DecodeError:
+            raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+        if body.error is not None:
+            raise upstream_error(
+                f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"
+            )
+        if not body.choices:
+            return Chunk(usage=body.usage) if body.usage is not None else None
+        choice = body.choices[0]
+        if chat:
+            delta = choice.delta or {}
+            text = delta.get("content") or ""
+            extra = _extra(delta)
+        else:
+            text, extra = choice.text or "", None
+        if text or extra or choice.finish_reason is not None or body.usage is not None:
+            return Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+        return None
+
     async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
         resp = await self._post(req, stream=True)
         chat = req.api == "chat"
@@ -248,27 +272,9 @@ class OpenAIBackend(BackendBase):
                     await resp.read()  # the end of the chunked body, so the connection is reusable
                     complete = True
                     return
-                try:
-                    body = _decode_body(payload)
-                except msgspec.DecodeError:
-                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
-                if body.error is not None:
-                    raise upstream_error(
-                        f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"
-                    )
-                if not body.choices:
-                    if body.usage is not None:
-                        yield Chunk(usage=body.usage)
-                    continue
-                choice = body.choices[0]
-                if chat:
-                    delta = choice.delta or {}
-                    text = delta.get("content") or ""
-                    extra = _extra(delta)
-                else:
-                    text, extra = choice.text or "", None
-                if text or extra or choice.finish_reason is not None or body.usage is not None:
-                    yield Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+                chunk = self._event_chunk(payload, chat)
+                if chunk is not None:
+                    yield chunk
             # The body ended without [DONE]: the engine stopped mid-answer (a crash, a proxy
             # cutting the connection). Say so rather than end the stream as if complete.
             raise upstream_error(f"The engine endpoint {self.name} ended the stream without [DONE].")

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend, post_or_raise
+from shuniu.backends.openai.backend import OpenAIBackend, _extra, post_or_raise
 from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
@@ -94,7 +94,6 @@ _decode_event = msgspec.json.Decoder(_StreamEvent).decode
 _decode_generated = msgspec.json.Decoder(_Generated).decode
 _decode_chat = msgspec.json.Decoder(_ChatEvent).decode
 _decode_error = msgspec.json.Decoder(_ErrorBody).decode
-_DROP = frozenset({"role", "content"})
 _BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
 
 
@@ -104,12 +103,6 @@ class ProbeError(RuntimeError):
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _extra(delta: dict[str, Any]) -> dict[str, Any] | None:
-    """Delta fields other than role and content (``tool_calls``), for the client."""
-    out = {k: v for k, v in delta.items() if k not in _DROP and v is not None and v != []}
-    return out or None
 
 
 def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
