@@ -485,21 +485,16 @@ class Gateway:
             self.resolved, self.config, self.pools, self.routes, self.resilience, self.engines = saved
         new_pools, new_routes, new_resilience, new_engines = new
         kept = {id(e) for p in new_pools.values() for e in p.endpoints}
-        added = [
-            (p, e)
-            for p in new_pools.values()
-            for e in p.endpoints
-            if id(e) not in {id(x) for _, x in old_by_name.values()}
-        ]
+        old = {id(e) for _, e in old_by_name.values()}
+        added = [(p, e) for p in new_pools.values() for e in p.endpoints if id(e) not in old]
         removed = [(p, e) for p, e in old_by_name.values() if id(e) not in kept]
+        removed_names = {e.name for _, e in removed}
         await asyncio.gather(*(e.backend.start() for _, e in added))
         # The swap.
         old_pools = self.pools
         self.resolved, self.config = resolved, new_cfg
         self.pools, self.routes, self.resilience = new_pools, new_routes, new_resilience
-        self.engines = {
-            name: eng for name, eng in new_engines.items() if name not in {e.name for _, e in removed}
-        }
+        self.engines = {name: eng for name, eng in new_engines.items() if name not in removed_names}
         self.router = Router(new_cfg.models, new_pools)
         old_store = self.tenancy.store
         same_limits = new_cfg.rate_limits == saved[1].rate_limits
