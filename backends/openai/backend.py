@@ -19,7 +19,7 @@ from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
 
-__all__ = ["OpenAIBackend", "post_or_raise"]
+__all__ = ["OpenAIBackend", "ProbeError", "describe_error", "post_or_raise"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -54,6 +54,17 @@ def _extra(fields: dict[str, Any] | None) -> dict[str, Any] | None:
     return out or None
 
 
+class ProbeError(RuntimeError):
+    """A health, metadata or metrics probe got an answer it cannot use (a non-200 status,
+    a body of the wrong shape)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as a health detail: its type, and its message when it has one (a
+    TimeoutError has none)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 async def post_or_raise(
     session: aiohttp.ClientSession | None,
     url: str,
@@ -85,6 +96,10 @@ async def post_or_raise(
 
 class OpenAIBackend(BackendBase):
     kind: ClassVar[str] = "openai"
+    discovery: ClassVar[str | None] = None
+    """What :meth:`discover` reads from the engine at start-up, for problem messages (e.g.
+    ``"GET /v1/models"``); ``None``: the backend has no discovery step. Subclasses that set
+    it implement :meth:`discover` and :meth:`_discovery_failed`."""
 
     def __init__(self, spec: EndpointSpec) -> None:
         assert isinstance(spec.options, OpenAIOptions)
@@ -99,6 +114,7 @@ class OpenAIBackend(BackendBase):
         base = spec.options.base_url
         self._urls = {"chat": f"{base}/chat/completions", "completions": f"{base}/completions"}
         self._session: aiohttp.ClientSession | None = None
+        self._discovered = False
 
     async def start(self) -> None:
         opts = self.options
@@ -109,8 +125,31 @@ class OpenAIBackend(BackendBase):
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
+        # A server that is not up yet is not an error: health checks keep the endpoint out of
+        # balancing, and backends with a discovery step repeat it once the server answers.
+        self._discovered = False
         if self.max_model_len is None:
             self.max_model_len = await self._probe_max_model_len()
+        if self.discovery is not None and not self._discovered:
+            await self._discover_quietly()
+
+    async def discover(self) -> None:
+        """Read what the engine says about itself (see :attr:`discovery`). Raises on transport
+        errors and unusable answers (:class:`ProbeError`)."""
+        raise NotImplementedError
+
+    def _discovery_failed(self, problem: str) -> None:
+        """Keep a failed discovery's reason where the backend's health check reads it."""
+        raise NotImplementedError
+
+    async def _discover_quietly(self) -> None:
+        self._discovered = True
+        try:
+            await self.discover()
+        except ProbeError as exc:
+            self._discovery_failed(str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            self._discovery_failed(f"{self.discovery}: {describe_error(exc)}")
 
     async def stop(self) -> None:
         if self._session is not None:
@@ -118,7 +157,11 @@ class OpenAIBackend(BackendBase):
             self._session = None
 
     async def _probe_max_model_len(self) -> int | None:
-        """vLLM and others report ``max_model_len`` in ``/v1/models``; use it if present."""
+        """vLLM and others report ``max_model_len`` in ``/v1/models``; use it if present.
+        A backend with a discovery step reads it there instead."""
+        if self.discovery is not None:
+            await self._discover_quietly()
+            return self.max_model_len
         try:
             data = await self._get_json(self.options.health_path, limit_s=2.0)
         except Exception:

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend, _extra, post_or_raise
+from shuniu.backends.openai.backend import OpenAIBackend, ProbeError, _extra, post_or_raise
+from shuniu.backends.openai.backend import describe_error as _describe
 from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
@@ -97,14 +98,6 @@ _decode_error = msgspec.json.Decoder(_ErrorBody).decode
 _BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
 
 
-class ProbeError(RuntimeError):
-    """A ``/health``, ``/info`` or ``/metrics`` probe got a non-200 answer."""
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
     value = resp.headers.get(name)
     return int(value) if value is not None and value.isdigit() else None
@@ -157,6 +150,7 @@ class _DataLines:
 
 class TgiBackend(OpenAIBackend):
     kind: ClassVar[str] = "tgi"
+    discovery: ClassVar[str | None] = "GET /info"
 
     def __init__(self, spec: EndpointSpec) -> None:
         opts = spec.options
@@ -197,32 +191,13 @@ class TgiBackend(OpenAIBackend):
         self.max_batch_total_tokens: int | None = None
         """``max_batch_total_tokens`` from ``/info`` (TGI up to 2.2; from 2.4 it is on
         ``/metrics`` as ``tgi_batch_max_total_tokens``)."""
-        self._probed = False
 
     # -- lifecycle and probes ---------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the connection pool and read ``/info``. A server that is not up yet is not
-        an error: health checks keep the endpoint out of balancing and read ``/info`` once
-        the server answers."""
-        self._probed = False
-        await super().start()  # asks _probe_max_model_len only when max_model_len is unknown
-        if not self._probed:
-            await self._probe_quietly()
+    # start() (the openai backend's) runs discover() once: /info, with the context window.
 
-    async def _probe_max_model_len(self) -> int | None:
-        # The openai backend's start-up hook: /info gives the context window and more.
-        await self._probe_quietly()
-        return self.max_model_len
-
-    async def _probe_quietly(self) -> None:
-        self._probed = True
-        try:
-            await self.discover()
-        except ProbeError as exc:
-            self.info_problem = str(exc)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            self.info_problem = f"GET /info: {_describe(exc)}"
+    def _discovery_failed(self, problem: str) -> None:
+        self.info_problem = problem
 
     async def discover(self) -> None:
         """Read ``/info``: the context window (``max_total_tokens``, which becomes

@@ -6,19 +6,11 @@ from typing import Any
 
 import aiohttp
 
+from shuniu.backends.openai.backend import ProbeError
+from shuniu.backends.openai.backend import describe_error as describe
 from shuniu.backends.trtllm.options import TrtllmOptions
 
 __all__ = ["ProbeError", "describe", "get", "probe_headers", "short"]
-
-
-class ProbeError(RuntimeError):
-    """A health, metadata or metrics probe got an answer it cannot use."""
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as a health detail: its type, and its message when it has one (a
-    TimeoutError has none)."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def probe_headers(opts: TrtllmOptions) -> dict[str, str]:

@@ -48,6 +48,7 @@ def engine_priority(priority: int) -> float:
 
 class TrtllmServeBackend(OpenAIBackend):
     kind: ClassVar[str] = "trtllm"
+    discovery: ClassVar[str | None] = "GET /v1/models"
 
     def __init__(self, spec: EndpointSpec) -> None:
         opts = spec.options
@@ -77,7 +78,6 @@ class TrtllmServeBackend(OpenAIBackend):
         self.model_problem: str | None = None
         """Why ``/v1/models`` did not settle the served model (health reports it)."""
         self._send_model = opts.model or spec.model  # until /v1/models says otherwise
-        self._probed = False
         self._stats = StatsView()
         self._stats_load: EndpointLoad | None = None
         self._stats_at = 0.0
@@ -90,10 +90,7 @@ class TrtllmServeBackend(OpenAIBackend):
     async def start(self) -> None:
         """Open the pool, read the served model from ``/v1/models`` (a server that is not up
         yet is not an error: health checks read it later), and start the statistics reader."""
-        self._probed = False
-        await super().start()  # asks _probe_max_model_len only when max_model_len is unknown
-        if not self._probed:
-            await self._probe_quietly()
+        await super().start()  # runs discover() once (/v1/models)
         if self._source == "stats":
             self._start_poller()
 
@@ -112,20 +109,8 @@ class TrtllmServeBackend(OpenAIBackend):
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
 
-    async def _probe_max_model_len(self) -> int | None:
-        # The openai backend's start-up hook: one /v1/models read settles the model name and,
-        # if the server lists it (trtllm-serve's model cards do not today), the window.
-        await self._probe_quietly()
-        return self.max_model_len
-
-    async def _probe_quietly(self) -> None:
-        self._probed = True
-        try:
-            await self.discover()
-        except ProbeError as exc:
-            self.model_problem = str(exc)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            self.model_problem = f"GET /v1/models: {describe(exc)}"
+    def _discovery_failed(self, problem: str) -> None:
+        self.model_problem = problem
 
     async def discover(self) -> None:
         """Read ``/v1/models`` and settle the model name sent upstream. Raises on transport

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend
+from shuniu.backends.openai.backend import OpenAIBackend, ProbeError
+from shuniu.backends.openai.backend import describe_error as _describe
 from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.backends.vllm.options import VllmOptions
@@ -33,16 +34,6 @@ every endpoint of a gateway agrees, but two gateways (or one restarted) do not."
 _MAX_SALTS = 65536
 """Salts remembered per endpoint before the memo is emptied (an open gateway taking tenants
 from headers could otherwise grow it without bound)."""
-
-
-def _describe(exc: BaseException) -> str:
-    """An exception as a health detail: its type, and its message when it has one (a
-    TimeoutError has none)."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-class ProbeError(RuntimeError):
-    """A ``/health``, ``/metrics`` or ``/v1/models`` probe got a non-200 answer."""
 
 
 def tenant_salt(key: bytes, tenant: str) -> str:
@@ -79,6 +70,7 @@ def choose_model(
 
 class VllmBackend(OpenAIBackend):
     kind: ClassVar[str] = "vllm"
+    discovery: ClassVar[str | None] = "GET /v1/models"
 
     def __init__(self, spec: EndpointSpec) -> None:
         opts = spec.options
@@ -111,7 +103,6 @@ class VllmBackend(OpenAIBackend):
         self.model_problem: str | None = None
         """Why ``/v1/models`` did not settle the served model (health reports it)."""
         self._send_model = opts.model or spec.model  # until /v1/models says otherwise
-        self._probed = False
         self._forward_priority = opts.forward_priority
         self._salt_key: bytes | None = None
         if opts.cache_salt == "tenant":
@@ -123,28 +114,11 @@ class VllmBackend(OpenAIBackend):
 
     # -- lifecycle and probes ---------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the connection pool and read the served model (and ``max_model_len``) from
-        ``/v1/models``. A server that is not up yet is not an error: health checks keep the
-        endpoint out of balancing and read ``/v1/models`` once the server answers."""
-        self._probed = False
-        await super().start()  # asks _probe_max_model_len only when max_model_len is unknown
-        if not self._probed:
-            await self._probe_quietly()
+    # start() (the openai backend's) runs discover() once: the served model and, unless
+    # configured, max_model_len, from /v1/models.
 
-    async def _probe_max_model_len(self) -> int | None:
-        # The openai backend's start-up hook: one /v1/models read gives the model name too.
-        await self._probe_quietly()
-        return self.max_model_len
-
-    async def _probe_quietly(self) -> None:
-        self._probed = True
-        try:
-            await self.discover()
-        except ProbeError as exc:
-            self.model_problem = str(exc)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            self.model_problem = f"GET /v1/models: {_describe(exc)}"
+    def _discovery_failed(self, problem: str) -> None:
+        self.model_problem = problem
 
     async def discover(self) -> None:
         """Read ``/v1/models``: settle the upstream model name and, unless configured, the
