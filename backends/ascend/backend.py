@@ -25,7 +25,6 @@ vLLM's own), plus :meth:`devices`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -36,6 +35,7 @@ import msgspec
 from shuniu.backends.ascend.metrics import parse_mindie_metrics
 from shuniu.backends.ascend.npu import DeviceSelection, endpoint_report, read_npus, select_devices
 from shuniu.backends.ascend.options import AscendOptions
+from shuniu.backends.openai.backend import STREAM_BREAKS, stream_broken
 from shuniu.backends.vllm.backend import ProbeError, VllmBackend
 from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.interfaces import EndpointSpec
@@ -241,16 +241,8 @@ class MindieBackend(_NpuDevices, VllmBackend):
                 f"The engine endpoint {self.name} ended the stream without finishing"
                 + (f": {said}" if said else ".")
             )
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientConnectionError,
-            asyncio.IncompleteReadError,
-        ) as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
-            ) from None
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
         finally:
             if complete:
                 resp.release()

@@ -19,7 +19,7 @@ from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
 
-__all__ = ["OpenAIBackend", "ProbeError", "describe_error", "post_or_raise"]
+__all__ = ["STREAM_BREAKS", "OpenAIBackend", "ProbeError", "describe_error", "post_or_raise", "stream_broken"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -63,6 +63,23 @@ def describe_error(exc: BaseException) -> str:
     """An exception as a health detail: its type, and its message when it has one (a
     TimeoutError has none)."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+STREAM_BREAKS = (
+    aiohttp.ClientPayloadError,
+    aiohttp.ClientConnectionError,
+    asyncio.IncompleteReadError,
+    TimeoutError,
+)
+"""What reading an engine's stream can raise when the engine or the network fails mid-way."""
+
+
+def stream_broken(name: str, exc: BaseException) -> GatewayError:
+    """One of :data:`STREAM_BREAKS` as the gateway's error. A timeout is checked first:
+    aiohttp's read timeouts are connection errors too, and a timeout is a 504."""
+    if isinstance(exc, TimeoutError):
+        return upstream_error(f"The engine endpoint {name} timed out mid-stream.", 504)
+    return upstream_error(f"The engine endpoint {name} broke off the stream ({type(exc).__name__}).")
 
 
 async def post_or_raise(
@@ -321,16 +338,8 @@ class OpenAIBackend(BackendBase):
             # The body ended without [DONE]: the engine stopped mid-answer (a crash, a proxy
             # cutting the connection). Say so rather than end the stream as if complete.
             raise upstream_error(f"The engine endpoint {self.name} ended the stream without [DONE].")
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientConnectionError,
-            asyncio.IncompleteReadError,
-        ) as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
-            ) from None
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
         finally:
             if complete:
                 resp.release()

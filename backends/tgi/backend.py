@@ -17,7 +17,6 @@ decodes events with msgspec, and needs no extra installed (docs/backends/tgi.md)
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -26,7 +25,14 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend, ProbeError, _extra, post_or_raise
+from shuniu.backends.openai.backend import (
+    STREAM_BREAKS,
+    OpenAIBackend,
+    ProbeError,
+    _extra,
+    post_or_raise,
+    stream_broken,
+)
 from shuniu.backends.openai.backend import describe_error as _describe
 from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.tgi import protocol
@@ -95,7 +101,6 @@ _decode_event = msgspec.json.Decoder(_StreamEvent).decode
 _decode_generated = msgspec.json.Decoder(_Generated).decode
 _decode_chat = msgspec.json.Decoder(_ChatEvent).decode
 _decode_error = msgspec.json.Decoder(_ErrorBody).decode
-_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
 
 
 def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
@@ -379,12 +384,8 @@ class TgiBackend(OpenAIBackend):
                 raise upstream_error(
                     f"The engine endpoint {self.name} ended the stream before its last token."
                 )
-        except TimeoutError:  # before _BROKEN: aiohttp's read timeouts are connection errors too
-            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
-        except _BROKEN as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
-            ) from None
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
         finally:
             if done:
                 resp.release()
@@ -428,12 +429,8 @@ class TgiBackend(OpenAIBackend):
                     yield Chunk(text, 1 if text else 0, finish, event.usage, extra)
             if not done:
                 raise upstream_error(f"The engine endpoint {self.name} ended the stream before [DONE].")
-        except TimeoutError:  # before _BROKEN: aiohttp's read timeouts are connection errors too
-            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
-        except _BROKEN as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
-            ) from None
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
         finally:
             if done:
                 resp.release()

@@ -16,7 +16,6 @@ raises so that the gateway ends the client's stream with an SSE error event.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
@@ -24,7 +23,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import post_or_raise
+from shuniu.backends.openai.backend import STREAM_BREAKS, post_or_raise, stream_broken
 from shuniu.backends.trtllm.common import ProbeError, describe, get, probe_headers, short
 from shuniu.backends.trtllm.metrics import parse_triton_metrics
 from shuniu.backends.trtllm.options import ChatTemplate, TrtllmOptions
@@ -411,16 +410,8 @@ class TritonBackend(BackendBase):
             prompt_tokens = exact_in if exact_in is not None else count_tokens(prep.prompt)
             finish = self._finish(reason, trim.stopped, out, prep.max_tokens)
             yield Chunk(finish_reason=finish, usage=Usage(prompt_tokens, out, prompt_tokens + out))
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientConnectionError,
-            asyncio.IncompleteReadError,
-        ) as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} broke off the stream ({type(exc).__name__})."
-            ) from None
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out mid-stream.", 504) from None
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
         finally:
             if complete:
                 resp.release()
