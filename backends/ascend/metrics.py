@@ -13,9 +13,7 @@ counters the load view sums, and no count of aborted requests.
 
 from __future__ import annotations
 
-import math
-import re
-
+from shuniu.backends.openai.prometheus import samples, series_pattern
 from shuniu.backends.vllm.metrics import MetricsError
 from shuniu.core.types import EndpointLoad
 
@@ -34,11 +32,7 @@ same names on MindIE Motor's coordinator, which sums its instances)."""
 # space, the VALUE. The name must be followed by "{" or a blank, so num_requests_running
 # does not match a longer name, and the leading "\n" keeps vllm:num_requests_running (and
 # any other prefixed name) out.
-_LINE = re.compile(
-    rb"\n(" + b"|".join(re.escape(n.encode()) for n in MINDIE_WANTED) + rb")"
-    rb"(?:\{(?:[^\"}]|\"(?:[^\"\\]|\\.)*\")*\})?"
-    rb"[ \t]+(\S+)"
-)
+_LINE = series_pattern(MINDIE_WANTED)
 _KV = b"npu_cache_usage_perc"
 
 
@@ -51,18 +45,9 @@ def parse_mindie_metrics(text: bytes | str) -> EndpointLoad:
     ``num_requests_waiting`` is on the page (not MindIE, or a wrong ``metrics_path``), so an
     unreadable page is not taken for an idle engine.
     """
-    raw = text.encode() if isinstance(text, str) else text
-    raw = b"\n" + raw
     sums: dict[bytes, float] = {}
     kv_samples = 0
-    for m in _LINE.finditer(raw):
-        name, value = m.group(1, 2)
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        if not math.isfinite(v):
-            continue  # prometheus-cpp prints "Nan" for empty summaries; never sum those
+    for name, _labels, v in samples(text, _LINE):
         sums[name] = sums.get(name, 0.0) + v
         if name == _KV:
             kv_samples += 1

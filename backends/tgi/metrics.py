@@ -16,9 +16,7 @@ so missing queue and batch gauges mean an idle engine, not an error. A page with
 
 from __future__ import annotations
 
-import math
-import re
-
+from shuniu.backends.openai.prometheus import samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_tgi_metrics"]
@@ -39,11 +37,7 @@ WANTED: tuple[str, ...] = (
 # space, the VALUE. The name must be followed by "{" or blanks, so tgi_queue_size does not
 # match a longer name. The literal "\ntgi_" start lets the engine skip ahead with a fast
 # substring search instead of trying the alternation at every position.
-_LINE = re.compile(
-    rb"\n(" + b"|".join(re.escape(n.encode()) for n in WANTED) + rb")"
-    rb"(\{(?:[^\"}]|\"(?:[^\"\\]|\\.)*\")*\})?"
-    rb"[ \t]+(\S+)"
-)
+_LINE = series_pattern(WANTED)
 _DROPPED = b'err="dropped"'
 
 
@@ -69,19 +63,11 @@ def parse_tgi_metrics(text: bytes | str, max_batch_total_tokens: int | None = No
     several routers sums). Raises :class:`MetricsError` when the page has no ``tgi_`` line.
     """
     raw = text.encode() if isinstance(text, str) else text
-    raw = b"\n" + raw  # so the first line starts with "\n" too
-    if b"\ntgi_" not in raw:
+    if not raw.startswith(b"tgi_") and b"\ntgi_" not in raw:
         raise MetricsError("no tgi_ series on the page")
     sums: dict[bytes, float] = {}
     dropped: float | None = None
-    for m in _LINE.finditer(raw):
-        name, labels, value = m.group(1, 2, 3)
-        try:
-            v = float(value)
-        except ValueError:
-            continue  # not a number: skip the sample, keep the rest of the page
-        if not math.isfinite(v):
-            continue
+    for name, labels, v in samples(raw, _LINE):
         if name == b"tgi_request_failure":
             if labels is not None and _DROPPED in labels:
                 dropped = (dropped or 0.0) + v

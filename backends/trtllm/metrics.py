@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shuniu.backends.openai.prometheus import label_dict, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = [
@@ -155,30 +156,11 @@ def parse_iteration_stats(entries: Sequence[Any]) -> EndpointLoad | None:
 
 # -- Prometheus text -----------------------------------------------------------------------
 
-_LABEL = re.compile(rb'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
 
 def _lines(raw: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[bytes, dict[bytes, bytes], float]]:
     """(name, labels, value) of every wanted sample line with a finite value."""
-    for m in pattern.finditer(b"\n" + raw):
-        name, labels, value = m.group(1, 2, 3)
-        try:
-            v = float(value)
-        except ValueError:
-            continue  # not a number: skip the sample, keep the rest of the page
-        if not math.isfinite(v):
-            continue
-        yield name, dict(_LABEL.findall(labels)) if labels else {}, v
-
-
-def _pattern(names: Sequence[str]) -> re.Pattern[bytes]:
-    # NAME, optional {labels} (quoted values may hold any escaped character), blank, VALUE.
-    # The name must be followed by "{" or a blank, so a longer metric never matches.
-    return re.compile(
-        rb"\n(" + b"|".join(re.escape(n.encode()) for n in names) + rb")"
-        rb"(\{(?:[^\"}]|\"(?:[^\"\\]|\\.)*\")*\})?"
-        rb"[ \t]+(\S+)"
-    )
+    for name, labels, v in samples(raw, pattern):
+        yield name, label_dict(labels), v
 
 
 TRTLLM_SERIES: tuple[str, ...] = (
@@ -197,7 +179,7 @@ TRTLLM_SERIES: tuple[str, ...] = (
 ``MetricsCollector``; the request and KV gauges exist since the iteration-level metrics
 were added to it)."""
 
-_TRTLLM_LINE = _pattern(TRTLLM_SERIES)
+_TRTLLM_LINE = series_pattern(TRTLLM_SERIES)
 
 
 def parse_trtllm_prometheus(text: bytes | str) -> EndpointLoad:
@@ -252,7 +234,7 @@ TRITON_SERIES: tuple[str, ...] = (
 )
 """The series read from Triton's metrics port."""
 
-_TRITON_LINE = _pattern(TRITON_SERIES)
+_TRITON_LINE = series_pattern(TRITON_SERIES)
 
 
 def parse_triton_metrics(text: bytes | str, model: str | None = None) -> EndpointLoad:

@@ -14,9 +14,7 @@ fractions means nothing.
 
 from __future__ import annotations
 
-import math
-import re
-
+from shuniu.backends.openai.prometheus import samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_vllm_metrics"]
@@ -42,11 +40,7 @@ prefix-cache counters under ``gpu_`` names; the current name wins when both are 
 # vllm:num_requests_waiting_by_reason. The pattern starts with the literal "\nvllm:" so the
 # engine skips ahead with a fast substring search instead of trying the alternation at every
 # line start (5x cheaper than a ^-anchored MULTILINE pattern on a 50 kB page).
-_LINE = re.compile(
-    rb"\n(" + b"|".join(re.escape(n.encode()) for n in WANTED) + rb")"
-    rb"(\{(?:[^\"}]|\"(?:[^\"\\]|\\.)*\")*\})?"
-    rb"[ \t]+(\S+)"
-)
+_LINE = series_pattern(WANTED)
 _ABORT = b'finished_reason="abort"'
 _KV, _KV_OLD = b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"
 _QUERIES, _QUERIES_OLD = b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"
@@ -66,19 +60,10 @@ def parse_vllm_metrics(text: bytes | str) -> EndpointLoad:
     ``vllm:num_requests_running`` nor ``vllm:num_requests_waiting`` is on the page, so that
     a wrong ``metrics_path`` is not taken for an idle engine.
     """
-    raw = text.encode() if isinstance(text, str) else text
-    raw = b"\n" + raw  # so the first line starts with "\n" too (one copy, a few us)
     sums: dict[bytes, float] = {}
     kv_count: dict[bytes, int] = {}
     aborted: float | None = None
-    for m in _LINE.finditer(raw):
-        name, labels, value = m.group(1, 2, 3)
-        try:
-            v = float(value)
-        except ValueError:
-            continue  # not a number: skip the sample, keep the rest of the page
-        if not math.isfinite(v):
-            continue  # NaN/Inf from a broken exporter would poison the sums
+    for name, labels, v in samples(text, _LINE):
         if name == b"vllm:request_success_total":
             if labels is not None and _ABORT in labels:
                 aborted = (aborted or 0.0) + v
