@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from shuniu.backends.openai.options import http_url, url_path
 from shuniu.backends.vllm.options import VllmOptions
 
 __all__ = ["ENGINE_HEALTH_PATHS", "AscendOptions", "Engine"]
@@ -24,12 +25,6 @@ ENGINE_HEALTH_PATHS: dict[str, str] = {"vllm-ascend": "/health", "mindie": "/v2/
 documented as about to be retired (MindIE 3.x), and its ``/v2/health/ready`` answers 503
 while the engine is merely busy, which would take a loaded replica out of balancing;
 ``/v2/health/live`` answers 200 while the engine can serve, busy or not."""
-
-
-def _http_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
-    return value.rstrip("/")
 
 
 class AscendOptions(VllmOptions):
@@ -74,14 +69,12 @@ class AscendOptions(VllmOptions):
     @field_validator("health_path", "metrics_path")
     @classmethod
     def _path(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("must start with /")
-        return value
+        return url_path(value)
 
     @field_validator("management_url", "metrics_url")
     @classmethod
     def _plane_url(cls, value: str | None) -> str | None:
-        return None if value is None else _http_url(value)
+        return None if value is None else http_url(value)
 
     @field_validator("devices")
     @classmethod

@@ -11,6 +11,26 @@ from shuniu.core.config import Options
 __all__ = ["OpenAIOptions"]
 
 
+def http_url(value: str) -> str:
+    """An option's URL: ``http://`` or ``https://``, without a trailing ``/``."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value.rstrip("/")
+
+
+def server_root(value: str) -> str:
+    """An engine's server root (``/health`` and ``/metrics`` hang off it): the URL without
+    a trailing ``/v1``, which users often copy from OpenAI client settings."""
+    return http_url(value).removesuffix("/v1").rstrip("/")
+
+
+def url_path(value: str | None) -> str | None:
+    """A path option: it must start with ``/`` (``None`` passes)."""
+    if value is not None and not value.startswith("/"):
+        raise ValueError("must start with /")
+    return value
+
+
 class OpenAIOptions(Options):
     launch_base_url: ClassVar[str] = "http://{host}:{port}/v1"
     """``base_url`` of an engine shuniu launches (``launch:``) when none is given: the API root."""
@@ -36,6 +56,4 @@ class OpenAIOptions(Options):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+        return http_url(value)

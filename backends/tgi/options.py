@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
+from shuniu.backends.openai.options import server_root, url_path
 from shuniu.core.config import Options
 
 __all__ = ["TgiOptions"]
@@ -53,17 +54,12 @@ class TgiOptions(Options):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        value = value.rstrip("/")
-        return value.removesuffix("/v1").rstrip("/")
+        return server_root(value)
 
     @field_validator("health_path", "metrics_path")
     @classmethod
-    def _path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with /")
-        return value
+    def _path(cls, value: str | None) -> str | None:
+        return url_path(value)
 
     @field_validator("adapter_id")
     @classmethod

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.openai.options import OpenAIOptions, server_root, url_path
 from shuniu.core.config import Options
 
 __all__ = ["ChatTemplate", "TrtllmOptions"]
@@ -130,9 +130,7 @@ class TrtllmOptions(OpenAIOptions):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/").removesuffix("/v1").rstrip("/")
+        return server_root(value)
 
     @field_validator("metrics_url")
     @classmethod
@@ -144,9 +142,7 @@ class TrtllmOptions(OpenAIOptions):
     @field_validator("health_path", "stats_path")
     @classmethod
     def _path(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("must start with /")
-        return value
+        return url_path(value)
 
     @model_validator(mode="after")
     def _per_api(self) -> TrtllmOptions:

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.openai.options import OpenAIOptions, server_root, url_path
 
 __all__ = ["VllmOptions"]
 
@@ -58,10 +58,7 @@ class VllmOptions(OpenAIOptions):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        value = value.rstrip("/")
-        return value.removesuffix("/v1").rstrip("/")
+        return server_root(value)
 
     @field_validator("cache_salt_secret")
     @classmethod
@@ -72,7 +69,5 @@ class VllmOptions(OpenAIOptions):
 
     @field_validator("health_path", "metrics_path")
     @classmethod
-    def _path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with /")
-        return value
+    def _path(cls, value: str | None) -> str | None:
+        return url_path(value)
