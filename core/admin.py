@@ -66,9 +66,9 @@ def _error(err: GatewayError) -> Response[bytes]:
 
 
 def admin_routes(gateway: Gateway) -> list[Any]:
-    hashes = _hashes(gateway)
-
     def check(request: Request[Any, Any, Any]) -> GatewayError | None:
+        # Read from the gateway's current configuration: a reload may change the keys.
+        hashes = _hashes(gateway)
         if not hashes:
             return GatewayError(
                 403,
