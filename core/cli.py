@@ -53,9 +53,9 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         ctx: click.Context, file: Path | None, host: str | None, port: int | None, log_level: str
     ) -> None:
         """Serve a deployment FILE (without one: the built-in quickstart, two simulated replicas)."""
-        from shuniu.core.config_loader import QUICKSTART_NAME, load_deployment
+        from shuniu.core.config.loader import QUICKSTART_NAME, load_deployment
         from shuniu.core.gateway import Gateway
-        from shuniu.core.server import is_loopback, run_gateway
+        from shuniu.core.http.server import is_loopback, run_gateway
 
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         plugins = _plugins(ctx)
@@ -92,7 +92,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             url = f"http://{shown}:{bound_port}/v1/chat/completions"
             body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
             click.echo(f"    curl {url} -H 'content-type: application/json' \\\n      -d '{body}'")
-            if gateway.tenancy.auth:
+            if gateway.state.auth_enabled:
                 kinds = ", ".join(a.kind for a in resolved.deployment.auth.authenticators)
                 click.echo(f"  auth: {kinds} (send 'Authorization: Bearer <key>')")
             elif not is_loopback(bound_host):
@@ -112,7 +112,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     @click.pass_context
     def validate(ctx: click.Context, file: Path) -> None:
         """Check a deployment FILE; print every problem with its field path and line."""
-        from shuniu.core.config_loader import expand_endpoints, load_deployment
+        from shuniu.core.config.loader import expand_endpoints, load_deployment
 
         try:
             resolved = load_deployment(file, _plugins(ctx))
@@ -128,7 +128,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     @click.pass_context
     def schema(ctx: click.Context, indent: int) -> None:
         """Print the JSON Schema of deployment files (with every installed plugin's options)."""
-        from shuniu.core.schema import deployment_schema
+        from shuniu.core.config.json_schema import deployment_schema
 
         click.echo(json.dumps(deployment_schema(_plugins(ctx)), indent=indent or None))
 

@@ -1,7 +1,8 @@
 """The hooks a shuniu plugin may implement.
 
-Registration hooks run once, at start-up, and receive a ``register`` callback (the pattern
-of simonw/llm's ``register_models``). Lifecycle hooks run once per gateway. The one
+Registration hooks run once, at start-up, and receive a typed ``register`` callback (the
+pattern of simonw/llm's ``register_models``); each names the contract of
+:mod:`shuniu.core.contracts` its factories return. Lifecycle hooks run once per gateway. The one
 per-request hook, :func:`request_finished`, is resolved at start-up into a plain list of
 callables: the hot path never goes through ``pm.hook``.
 
@@ -15,10 +16,20 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable
 
-    import click
-
+    from shuniu.core.contracts import (
+        CommandGroup,
+        RegisterAuthenticator,
+        RegisterBackend,
+        RegisterBalancer,
+        RegisterCacheStore,
+        RegisterFilter,
+        RegisterHardwareProbe,
+        RegisterRateLimitStore,
+        RegisterScheduler,
+        RegisterScorer,
+    )
     from shuniu.core.types import RequestRecord
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
@@ -29,103 +40,111 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def register_backends(register: Callable[..., None]) -> None:
+def register_backends(register: RegisterBackend) -> None:
     """Register engine backends (the ``kind:`` of an endpoint).
 
-    Called once at start-up. Call ``register(kind, factory, options=OptionsModel,
-    description=...)`` for each backend: ``factory(spec: EndpointSpec)`` returns an object
-    implementing :class:`shuniu.core.interfaces.Backend`; ``OptionsModel`` (a subclass of
-    :class:`shuniu.core.config.Options`) validates the endpoint's ``options:``.
-    Return value ignored. A kind registered twice is a start-up error naming both plugins.
+    When: once per process, at start-up, before any deployment is checked.
+    Call ``register(kind, factory, options=OptionsModel, description=...)`` per backend:
+    ``factory(spec: EndpointSpec)`` returns a :class:`shuniu.core.contracts.Backend`, one
+    per endpoint; ``OptionsModel`` (a subclass of :class:`shuniu.core.config.Options`)
+    validates the endpoint's ``options:``. Return value ignored; not ``firstresult``. A kind
+    registered twice is a start-up error naming both plugins.
     """
 
 
 @hookspec
-def register_balancers(register: Callable[..., None]) -> None:
+def register_balancers(register: RegisterBalancer) -> None:
     """Register load balancers (the ``balancer.policy`` of a model).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
-    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Balancer`, one per pool.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Balancer`, one per pool.
+    Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_filters(register: Callable[..., None]) -> None:
+def register_filters(register: RegisterFilter) -> None:
     """Register endpoint filters for composed balancers (a model's ``balancer.filters``).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
-    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Filter`, one per pool.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Filter`, one per pool.
+    Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_scorers(register: Callable[..., None]) -> None:
+def register_scorers(register: RegisterScorer) -> None:
     """Register endpoint scorers for composed balancers (a model's ``balancer.scorers``).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
-    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Scorer`, one per pool.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Scorer`, one per pool.
+    Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_schedulers(register: Callable[..., None]) -> None:
+def register_schedulers(register: RegisterScheduler) -> None:
     """Register request schedulers (the ``scheduler.policy`` of a model).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
-    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Scheduler`, one per pool.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Scheduler`, one per pool.
+    Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_caches(register: Callable[..., None]) -> None:
-    """Register response caches.
+def register_caches(register: RegisterCacheStore) -> None:
+    """Register response-cache stores (the ``cache.store`` of a deployment).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``;
-    ``factory(options)`` returns a :class:`shuniu.core.interfaces.Cache`.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.CacheStore`, one per
+    gateway. Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_rate_limiters(register: Callable[..., None]) -> None:
-    """Register rate-limit stores and algorithms.
+def register_rate_limiters(register: RegisterRateLimitStore) -> None:
+    """Register rate-limit stores (the ``rate_limits.store`` of a deployment).
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.RateLimitStore`, one per
+    gateway. Return value ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_authenticators(register: Callable[..., None]) -> None:
-    """Register authenticators (API keys, JWT, ...), which turn request headers into a
-    :class:`shuniu.core.types.Principal`.
+def register_authenticators(register: RegisterAuthenticator) -> None:
+    """Register authenticators (the ``kind:`` of an ``auth.authenticators`` entry), which
+    turn a request's credential into a :class:`shuniu.core.types.Principal`.
 
-    Called once at start-up. ``register(name, factory, options=OptionsModel)``.
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Authenticator`. Options
+    that subclass :class:`shuniu.core.contracts.AuthenticatorOptions` tell the deployment
+    check which tiers and models their credentials name. Return value ignored; not
+    ``firstresult``.
     """
 
 
 @hookspec
-def register_hardware(register: Callable[..., None]) -> None:
+def register_hardware(register: RegisterHardwareProbe) -> None:
     """Register hardware probes (NVIDIA, Ascend, CPU) that report devices and memory.
 
-    Called once at start-up. ``register(name, factory)``; ``factory()`` returns an object
-    with ``probe() -> shuniu.hardware.ProbeReport`` (synchronous, run in a worker thread;
-    a missing library or driver is an unavailable report, not an exception).
-    Return value ignored.
+    When: once per process, at start-up. ``register(name, factory)``; ``factory(options)``
+    returns a :class:`shuniu.core.contracts.HardwareProbe` whose ``probe()`` returns a
+    :class:`shuniu.core.contracts.ProbeReport` (synchronous, run in a worker thread; a
+    missing library or driver is an unavailable report, not an exception). Return value
+    ignored; not ``firstresult``.
     """
 
 
 @hookspec
-def register_commands(cli: click.Group) -> None:
+def register_commands(cli: CommandGroup) -> None:
     """Add subcommands to the ``shuniu`` command line.
 
-    Called once when the CLI is built, with the root :class:`click.Group`; add commands with
-    ``@cli.command()``. Return value ignored.
+    When: once, when the CLI is built, with the root :data:`shuniu.core.contracts.CommandGroup`
+    (a :class:`click.Group`); add commands with ``cli.add_command`` or ``@cli.command()``.
+    Import what a command needs inside the hook or the command, not at module level:
+    every start of ``shuniu`` loads every plugin. Return value ignored; not ``firstresult``.
     """
 
 
@@ -133,8 +152,9 @@ def register_commands(cli: click.Group) -> None:
 def gateway_startup(gateway: Any) -> Awaitable[None] | None:
     """The gateway has built its pools and started its backends; traffic starts next.
 
-    Called once per gateway process with the :class:`shuniu.core.gateway.Gateway`. Return
-    ``None`` or an awaitable, which is awaited before the first request is served.
+    When: once per gateway process, with the :class:`shuniu.core.gateway.Gateway` (read
+    ``gateway.state``, a :class:`shuniu.core.state.StateView`). Return ``None`` or an
+    awaitable, which is awaited before the first request is served; not ``firstresult``.
     """
 
 
@@ -142,7 +162,8 @@ def gateway_startup(gateway: Any) -> Awaitable[None] | None:
 def gateway_shutdown(gateway: Any) -> Awaitable[None] | None:
     """The gateway has drained and is about to stop its backends.
 
-    Called once per gateway process. Return ``None`` or an awaitable, which is awaited.
+    When: once per gateway process, with the gateway. Return ``None`` or an awaitable,
+    which is awaited; an exception is logged and the shutdown goes on. Not ``firstresult``.
     """
 
 
@@ -154,5 +175,5 @@ def request_finished(record: RequestRecord) -> None:
     :class:`shuniu.core.types.RequestRecord`. Implementations are collected at start-up
     and called directly, not through ``pm.hook``; they must be quick and must not block
     (hand slow work to a task or a queue). Exceptions are logged and ignored.
-    Return value ignored.
+    Return value ignored; not ``firstresult``.
     """

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import pluggy
 
 from shuniu.core import hookspecs
+from shuniu.core.contracts import Registration
 from shuniu.core.errors import ConfigError, Problem
-from shuniu.core.interfaces import Registration
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -123,7 +123,7 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     """The prompt's token ids when known exactly (the simulator; a completion sent as ids)."""
     prefix_hashes: list[int] | None = None
     """Hash chain of the prompt's blocks, filled lazily by the first policy that needs it
-    (:func:`shuniu.core.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
+    (:func:`shuniu.core.pools.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
     prefix_block: int = 0
     tried: frozenset[str] | None = None
     """Endpoints this request already failed on (a retry avoids them)."""

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from shuniu.core import config
+from shuniu.core.config import model as config
 from shuniu.core.plugin_manager import ALLOW_ENV, CATEGORIES, DENY_ENV, PluginManager, load_plugins
 
 DOC = Path(__file__).resolve().parent / "deployment.md"

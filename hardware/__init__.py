@@ -8,14 +8,14 @@ for ``shuniu hardware --json`` and the gateway's ``/admin/hardware``. See docs/h
 
 from __future__ import annotations
 
-from shuniu.hardware.probe import (
+from shuniu.core.contracts import DeviceReading, HardwareProbe, ProbeReport
+from shuniu.core.observability.hardware import (
     hardware_snapshot,
     hardware_snapshot_async,
     probe_all,
     probe_all_async,
     run_probe,
 )
-from shuniu.hardware.types import DeviceReading, HardwareProbe, ProbeReport
 
 __all__ = [
     "DeviceReading",

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuniu.core import hookimpl
-from shuniu.hardware.types import MIB, DeviceReading, ProbeReport
+from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
+from shuniu.hardware.types import MIB
 
 __all__ = [
     "AscendProbe",
@@ -401,7 +402,7 @@ def _report_from_table(table: NpuSmiTable, environ: Mapping[str, str], why_not_t
 
 
 @hookimpl
-def register_hardware(register) -> None:  # type: ignore[no-untyped-def]
+def register_hardware(register: RegisterHardwareProbe) -> None:
     register(
         NAME,
         AscendProbe,

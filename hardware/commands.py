@@ -22,7 +22,7 @@ def register_commands(cli: click.Group) -> None:
     def hardware(ctx: click.Context, as_json: bool, names: tuple[str, ...]) -> None:
         """Show this machine's GPUs, NPUs and CPU: memory, utilization, temperature, power."""
         # The probes arrive through the register_hardware hook; shuniu.hardware only runs them.
-        from shuniu.hardware.probe import hardware_snapshot, probe_all
+        from shuniu.hardware import hardware_snapshot, probe_all
 
         try:
             if as_json:

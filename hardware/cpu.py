@@ -13,7 +13,7 @@ import platform
 from pathlib import Path
 
 from shuniu.core import hookimpl
-from shuniu.hardware.types import DeviceReading, ProbeReport
+from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
 
 __all__ = ["CpuProbe", "read_meminfo", "read_model_name"]
 
@@ -137,5 +137,5 @@ class CpuProbe:
 
 
 @hookimpl
-def register_hardware(register) -> None:  # type: ignore[no-untyped-def]
+def register_hardware(register: RegisterHardwareProbe) -> None:
     register(NAME, CpuProbe, description="The host CPU and memory, from /proc.")

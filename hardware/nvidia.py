@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from shuniu.core import hookimpl
-from shuniu.hardware.types import DeviceReading, ProbeReport
+from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
 
 __all__ = ["MISSING_REASON", "NvidiaProbe", "VisibleMap", "map_cuda_visible_devices"]
 
@@ -344,7 +344,7 @@ class _Reader:
 
 
 @hookimpl
-def register_hardware(register) -> None:  # type: ignore[no-untyped-def]
+def register_hardware(register: RegisterHardwareProbe) -> None:
     register(
         NAME,
         NvidiaProbe,

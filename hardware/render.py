@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shuniu.hardware.types import DeviceReading, ProbeReport
+from shuniu.core.contracts import DeviceReading, ProbeReport
 
 __all__ = ["print_reports"]
 

@@ -48,13 +48,14 @@ from shuniu.backends.ascend.backend import AscendVllmBackend, MindieBackend, min
 from shuniu.backends.ascend.metrics import MetricsError, parse_mindie_metrics
 from shuniu.backends.ascend.mindie_launch import render_config
 from shuniu.backends.ascend.options import AscendOptions
-from shuniu.backends.vllm.backend import ProbeError, VllmBackend, tenant_salt
-from shuniu.core.config_loader import load_deployment
+from shuniu.backends.http import ProbeError
+from shuniu.backends.vllm.backend import VllmBackend, tenant_salt
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError
 from shuniu.core.gateway import Gateway
-from shuniu.core.interfaces import EndpointSpec
-from shuniu.core.launcher import base_url_template, engine_url
 from shuniu.core.plugin_manager import PluginManager, load_plugins
+from shuniu.core.pools.launcher import base_url_template, engine_url
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest, Principal
 from shuniu.hardware.types import MIB
 from tests.conftest import GatewayProcess, start_process, wait_until

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from shuniu.core.auth import AuthChain
 from shuniu.core.cli import build_cli
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError, GatewayError
 from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.tenancy.auth import AuthChain
 from shuniu.plugins.auth.api_keys import KEY_PREFIX, ApiKeys, ApiKeysOptions, hash_key, new_key
 
 

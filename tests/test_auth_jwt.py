@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from pydantic import ValidationError
 
-from shuniu.core.auth import AuthChain
 from shuniu.core.errors import GatewayError
+from shuniu.core.tenancy.auth import AuthChain
 from shuniu.core.types import Principal
 from shuniu.plugins.auth import jwt_auth
 from shuniu.plugins.auth.jwt_auth import JwtAuthenticator, JwtOptions

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from shuniu.core.interfaces import Balancer, Filter
+from shuniu.core.contracts import Balancer, Filter
 from shuniu.core.plugin_manager import load_plugins
-from shuniu.core.pool import EndpointState
+from shuniu.core.pools.pool import EndpointState
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_requests import LeastRequests
 from shuniu.plugins.balancers.power_of_two import PowerOfTwo, PowerOfTwoOptions

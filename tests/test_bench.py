@@ -20,17 +20,18 @@ import pytest
 from click.testing import CliRunner
 
 from shuniu.core.cli import build_cli
+from shuniu.core.stats import percentile
 from shuniu.core.tokens import count_tokens
-from shuniu.plugins.bench.client import (
+from shuniu.plugins.tools.bench.client import (
     SseTracker,
     http_error_kind,
     parse_endpoint,
     parse_response,
 )
-from shuniu.plugins.bench.prompts import VOCABULARY, PromptMaker, ids_to_text, words
-from shuniu.plugins.bench.report import latency_stats, percentile, summarize
-from shuniu.plugins.bench.runner import RunResult, RunSpec, run
-from shuniu.plugins.bench.traffic import (
+from shuniu.plugins.tools.bench.prompts import VOCABULARY, PromptMaker, ids_to_text, words
+from shuniu.plugins.tools.bench.report import latency_stats, summarize
+from shuniu.plugins.tools.bench.runner import RunResult, RunSpec, run
+from shuniu.plugins.tools.bench.traffic import (
     BodyBuilder,
     Planned,
     arrival_times,

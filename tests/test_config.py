@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shuniu.core.config_loader import expand_endpoints, interpolate_env, load_deployment, quickstart_text
+from shuniu.core.config.loader import expand_endpoints, interpolate_env, load_deployment, quickstart_text
 from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager, load_plugins
 

@@ -15,8 +15,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from shuniu.core import config, hookspecs
-from shuniu.core.config_loader import load_deployment
+from shuniu.core import hookspecs
+from shuniu.core.config import model as config
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.plugin_manager import load_plugins
 
@@ -201,7 +202,7 @@ def test_there_are_workload_examples() -> None:
 
 @pytest.mark.parametrize(("where", "text"), [pytest.param(*b, id=b[0]) for b in _workload_blocks()])
 def test_workload_examples_load(where: str, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shuniu.backends.sim.workload import load_workload
+    from shuniu.core.traffic import load_workload
 
     # Trace paths in the docs are relative to the shipped examples.
     monkeypatch.chdir(ROOT / "examples" / "workloads")
@@ -211,7 +212,7 @@ def test_workload_examples_load(where: str, text: str, monkeypatch: pytest.Monke
 
 
 def test_trace_lines_in_the_docs_decode() -> None:
-    from shuniu.backends.sim.workload import TraceLine
+    from shuniu.core.traffic import TraceLine
 
     lines = [
         line

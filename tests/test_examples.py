@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import load_plugins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +69,8 @@ def test_openai_upstream_example_serves(gateway_factory, instant_upstream: str) 
 def test_tiers_and_routing_example_simulates() -> None:
     """The routing example in virtual time: the free tier lands on the small pool only,
     long prompts on the long pool, and the canary gets a share of the rest."""
-    from shuniu.backends.sim.simulate import simulate
-    from shuniu.backends.sim.workload import load_workload
+    from shuniu.core.traffic import load_workload
+    from shuniu.plugins.tools.simulate import simulate
 
     plugins = load_plugins()
     resolved = load_deployment(ROOT / "examples" / "tiers_and_routing.yaml", plugins, env={})

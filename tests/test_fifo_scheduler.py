@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import BackendBase
 from shuniu.core.errors import GatewayError
-from shuniu.core.interfaces import BackendBase
-from shuniu.core.openai_api import parse_request
-from shuniu.core.pool import EndpointState, Pool
+from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.types import Outcome
 from shuniu.plugins.balancers.round_robin import RoundRobin
 from shuniu.plugins.schedulers.fifo import FifoOptions, FifoScheduler

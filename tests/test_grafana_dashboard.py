@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shuniu.core.metrics import KNOWN_CODES
+from shuniu.core.observability.metrics import KNOWN_CODES
 from tests.conftest import start_gateway, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

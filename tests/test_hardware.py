@@ -40,12 +40,12 @@ from click.testing import CliRunner
 
 from shuniu.core import hookimpl
 from shuniu.core.cli import build_cli
+from shuniu.core.contracts import HardwareProbe
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.hardware import ProbeReport, hardware_snapshot, probe_all, probe_all_async
 from shuniu.hardware.ascend import AscendProbe, map_ascend_visible_devices, parse_npu_smi_info
 from shuniu.hardware.cpu import CpuProbe, read_meminfo, read_model_name
 from shuniu.hardware.nvidia import MISSING_REASON, NvidiaProbe, map_cuda_visible_devices
-from shuniu.hardware.types import HardwareProbe
 
 DATA = Path(__file__).parent / "data"
 MIB = 1024 * 1024

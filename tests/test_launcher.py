@@ -22,10 +22,11 @@ import openai
 import pytest
 
 from shuniu.core.config import LaunchConfig
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.gateway import Gateway
-from shuniu.core.launcher import (
+from shuniu.core.plugin_manager import PluginManager, load_plugins
+from shuniu.core.pools.launcher import (
     EngineState,
     ManagedEngine,
     _live_members,
@@ -33,7 +34,6 @@ from shuniu.core.launcher import (
     connect_host,
     plan_engine,
 )
-from shuniu.core.plugin_manager import PluginManager, load_plugins
 from tests.conftest import GatewayProcess, start_gateway, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

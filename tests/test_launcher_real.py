@@ -31,7 +31,7 @@ import openai
 import pytest
 
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
-from shuniu.core.launcher import _live_members
+from shuniu.core.pools.launcher import _live_members
 from tests.conftest import GatewayProcess, start_gateway, wait_until
 from tests.test_vllm_real import MODEL_DIR, PYTHON, VENV, VERSION, _ensure_model
 

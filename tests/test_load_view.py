@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import textwrap
 
-from shuniu.backends.sim.vclock import run_virtual
 from shuniu.core import hookimpl
 from shuniu.core.config import LoadConfig
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.contracts import BackendBase
 from shuniu.core.gateway import Gateway
-from shuniu.core.interfaces import BackendBase
-from shuniu.core.load import LoadWeights, adapt_limit, freshness, load_score
 from shuniu.core.plugin_manager import load_plugins
-from shuniu.core.pool import EndpointState
+from shuniu.core.pools.load import LoadWeights, adapt_limit, freshness, load_score
+from shuniu.core.pools.pool import EndpointState
 from shuniu.core.types import EndpointLoad
+from shuniu.plugins.tools.simulate import run_virtual
 
 
 def _ep(**kw: object) -> EndpointState:

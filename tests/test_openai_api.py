@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shuniu.core.api.openai import StreamEncoder, encode_completion, parse_request
 from shuniu.core.errors import GatewayError
-from shuniu.core.openai_api import StreamEncoder, encode_completion, parse_request
 from shuniu.core.types import Chunk, Completion, Usage
 
 json_values = st.recursive(

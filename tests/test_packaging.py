@@ -33,7 +33,7 @@ def test_non_editable_install_works(tmp_path: Path) -> None:
     code = (
         "import json, shuniu.core, shuniu.core.cli as c;"
         "from shuniu.core.plugin_manager import load_plugins;"
-        "from shuniu.core.config_loader import load_deployment;"
+        "from shuniu.core.config.loader import load_deployment;"
         "p = load_plugins(); load_deployment(None, p);"
         "print(json.dumps({'file': shuniu.core.__file__, 'plugins': sorted(i.name for i in p.plugins())}))"
     )
@@ -44,3 +44,18 @@ def test_non_editable_install_works(tmp_path: Path) -> None:
     info = json.loads(out.stdout)
     assert info["file"].startswith(str(target))
     assert {"sim", "openai", "round_robin", "fifo"} <= set(info["plugins"])
+
+
+def test_every_source_package_is_listed_for_the_wheel() -> None:
+    """A package folder missing from ``[tool.setuptools] packages`` works in an editable
+    install and is silently left out of the wheel; the list must name every one."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["packages"])
+    found = {
+        "shuniu." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("core", "plugins", "backends", "hardware")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set(), "packages missing from pyproject.toml"
+    assert listed - found == set(), "pyproject.toml lists packages that do not exist"

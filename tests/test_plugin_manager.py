@@ -25,11 +25,11 @@ from click.testing import CliRunner
 
 from shuniu.core import __version__, hookimpl
 from shuniu.core.cli import build_cli
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.gateway import Gateway
+from shuniu.core.http.server import bind_socket
 from shuniu.core.plugin_manager import ENTRY_POINT_GROUP, PluginManager, load_plugins
-from shuniu.core.server import bind_socket
 from shuniu.core.types import Outcome, RequestRecord
 
 BALANCERS = {
@@ -44,6 +44,7 @@ BALANCERS = {
 }
 TENANCY = {"bench", "api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
+TOOLS = {"simulate", "plan", "sim_serve"}
 BUILTINS = {
     "sim",
     "openai",
@@ -57,6 +58,7 @@ BUILTINS = {
     *BALANCERS,
     *TENANCY,
     *HARDWARE,
+    *TOOLS,
 }
 
 
@@ -161,7 +163,9 @@ def test_builtins_are_registered_through_the_entry_point_group() -> None:
         assert infos[name].version == __version__ == importlib.metadata.version("shuniu")
         # The plugin object is the module the entry point names.
         assert plugins.pm.get_plugin(name).__name__ == declared[name]
-    assert infos["sim"].hooks == ("register_backends", "register_commands")
+    assert infos["sim"].hooks == ("register_backends",)
+    for name in (*TOOLS, "bench"):
+        assert infos[name].hooks == ("register_commands",)
     assert infos["openai"].hooks == ("register_backends",)
     assert infos["round_robin"].hooks == ("register_balancers",)
     assert infos["fifo"].hooks == ("register_schedulers",)

@@ -7,10 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from shuniu.core.interfaces import BackendBase
-from shuniu.core.openai_api import parse_request
-from shuniu.core.pool import EndpointState
-from shuniu.core.prefix import prefix_hashes
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import BackendBase
+from shuniu.core.pools.pool import EndpointState
+from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.prefix_affinity import (
     PrefixAffinity,

@@ -15,14 +15,14 @@ from typing import Any
 import pydantic
 import pytest
 
-from shuniu.backends.sim.vclock import run_virtual
+from shuniu.core.contracts import BackendBase, Ticket
 from shuniu.core.errors import GatewayError
-from shuniu.core.interfaces import BackendBase
-from shuniu.core.pool import EndpointState, Pool, Ticket
+from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 from shuniu.plugins.balancers.round_robin import RoundRobin
 from shuniu.plugins.schedulers import priority as priority_plugin
 from shuniu.plugins.schedulers.priority import PriorityOptions, PriorityScheduler, TierPolicy
+from shuniu.plugins.tools.simulate import run_virtual
 
 OK = Outcome.OK
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from shuniu.core.contracts import Decision, Lease, Rate
 from shuniu.core.extras import MissingExtraError
 from shuniu.core.plugin_manager import load_plugins
-from shuniu.core.ratelimit import Decision, Lease, Rate
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitOptions, MemoryRateLimitStore
 from shuniu.plugins.ratelimit.redis_store import RedisRateLimitOptions, RedisRateLimitStore, redact_url
 from tests.redis_server import RedisServer

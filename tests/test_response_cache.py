@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
+from shuniu.core.api.openai import parse_request
 from shuniu.core.config import CacheConfig
-from shuniu.core.openai_api import parse_request
-from shuniu.core.response_cache import CachedAnswer, Filler, ResponseCache
+from shuniu.core.pipeline.response_cache import CachedAnswer, Filler, ResponseCache
 from shuniu.core.types import Chunk, Completion, InferenceRequest, Principal, Usage
 from shuniu.plugins.cache.memory import MemoryCache, MemoryCacheOptions
 from shuniu.plugins.cache.redis_store import RedisCache, RedisCacheOptions

@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
-from shuniu.core.composite import Composite
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.api.openai import parse_request
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError, GatewayError
 from shuniu.core.gateway import Gateway
-from shuniu.core.openai_api import parse_request
 from shuniu.core.plugin_manager import PluginManager, load_plugins
+from shuniu.core.pools.composite import Composite
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 
 SIM = "{kind: sim, options: {tokens_per_s: 1000}}"

@@ -22,8 +22,8 @@ from shuniu.backends.sim.profiles import (
     load_hardware,
     load_model,
 )
-from shuniu.backends.sim.synthetic import synthetic_ids
-from shuniu.backends.sim.vclock import run_virtual
+from shuniu.core.traffic import synthetic_ids
+from shuniu.plugins.tools.simulate import run_virtual
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ import pytest
 
 from shuniu.backends.sim.backend import SimBackend
 from shuniu.backends.sim.options import SimOptions
-from shuniu.core.interfaces import EndpointSpec
-from shuniu.core.openai_api import parse_request
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.tokens import count_tokens
 
 

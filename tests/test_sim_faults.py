@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 
-from shuniu.backends.sim.simulate import simulate
-from shuniu.backends.sim.workload import load_workload
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.traffic import load_workload
+from shuniu.plugins.tools.simulate import simulate
 from tests.conftest import wait_until
 
 

@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from shuniu.backends.sim.costmodel import CostModel
-from shuniu.backends.sim.plan import PlanError, plan, plan_command
 from shuniu.backends.sim.profiles import kv_report, load_hardware, load_model, min_tensor_parallel
-from shuniu.backends.sim.workload import load_workload
+from shuniu.core.traffic import load_workload
+from shuniu.plugins.tools.plan import PlanError, plan, plan_command
 
-CLI = "from shuniu.backends.sim.plan import plan_command; plan_command()"
+CLI = "from shuniu.plugins.tools.plan import plan_command; plan_command()"
 
 
 def _workload(

@@ -16,8 +16,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shuniu.backends.sim.synthetic import VOCAB_SIZE, synthetic_array, synthetic_ids
-from shuniu.backends.sim.workload import (
+from shuniu.core.errors import ConfigError
+from shuniu.core.traffic import (
+    VOCAB_SIZE,
     Arrival,
     ChatStream,
     SimRequest,
@@ -26,8 +27,9 @@ from shuniu.backends.sim.workload import (
     WorkloadError,
     describe,
     load_workload,
+    synthetic_array,
+    synthetic_ids,
 )
-from shuniu.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shuniu.backends.sim.simulate import simulate
-from shuniu.backends.sim.workload import load_workload
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.traffic import load_workload
+from shuniu.plugins.tools.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "examples" / "workloads"
@@ -170,7 +170,7 @@ def test_plot_over_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     # Every completed request lands in one arrival window.
     assert sum(w[0].count for w in result.timeline.values()) == result.requests_completed
     assert max(result.timeline) * result.window_s < 60
-    from shuniu.backends.sim.simulate import plot_timeline
+    from shuniu.plugins.tools.simulate import plot_timeline
 
     out = tmp_path / "latency.png"
     plot_timeline(result, str(out), "light")

@@ -18,22 +18,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from shuniu.core.status_page import (
-    PAGE_HEADERS,
-    RING_SIZE,
-    RecentWindow,
-    StatusWindow,
-    percentile,
-    render_page,
-    status_json,
-)
+from shuniu.core.stats import percentile
 from shuniu.core.types import Outcome, RequestRecord
+from shuniu.core.views.status import RING_SIZE, RecentWindow, StatusWindow, status_json
+from shuniu.core.views.status_page import PAGE_HEADERS, render_page
 from shuniu.plugins.auth.api_keys import hash_key, new_key
 from tests.conftest import GatewayProcess, start_gateway, wait_until
 
@@ -174,12 +167,8 @@ def test_observer_takes_ttft_from_streams_and_counts_errors() -> None:
 def test_status_json_adds_recent_figures_to_readiness() -> None:
     sw = StatusWindow(["a"], created=0.0)
     sw.observe(record=_record(pool="a", finished=50.0, first_token=49.0, arrival=48.5))
-    gateway = SimpleNamespace(
-        readiness=lambda: (True, {"status": "ready", "models": {"a": {"endpoints": []}}}),
-        status=sw,
-        tenancy=SimpleNamespace(auth=None),
-    )
-    body = status_json(gateway, now=55.0)  # type: ignore[arg-type]
+    ready = {"status": "ready", "models": {"a": {"endpoints": []}}}
+    body = status_json(True, ready, sw, auth=False, now=55.0)
     assert body["ready"] is True and body["status"] == "ready" and body["auth"] is False
     recent = body["models"]["a"]["recent"]
     assert recent["requests"] == 1 and recent["ttft_p50"] == 0.5 and recent["e2e_p50"] == 1.5

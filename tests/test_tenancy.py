@@ -7,11 +7,10 @@ import json
 
 import pytest
 
+from shuniu.core.api.openai import parse_request
 from shuniu.core.config import Deployment
 from shuniu.core.errors import GatewayError
-from shuniu.core.openai_api import parse_request
-from shuniu.core.ratelimit import format_reset
-from shuniu.core.tenancy import Tenancy
+from shuniu.core.tenancy.tenancy import Tenancy, format_reset
 from shuniu.core.types import InferenceRequest, Limits, Principal
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 from shuniu.plugins.schedulers.priority import PriorityOptions, PriorityScheduler, TierPolicy

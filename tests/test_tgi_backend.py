@@ -47,13 +47,15 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from shuniu.backends.http import ProbeError
+from shuniu.backends.http.sse import SseData
 from shuniu.backends.tgi import protocol
-from shuniu.backends.tgi.backend import ProbeError, TgiBackend, _DataLines
+from shuniu.backends.tgi.backend import TgiBackend
 from shuniu.backends.tgi.metrics import MetricsError, parse_tgi_metrics
 from shuniu.backends.tgi.options import TgiOptions
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError
-from shuniu.core.interfaces import EndpointSpec
-from shuniu.core.openai_api import parse_request
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest
 from tests.conftest import wait_until
 from tests.fake_tgi import FakeTGI, rust_float
@@ -266,7 +268,7 @@ def test_every_option_is_documented() -> None:
 
 
 def test_doc_yaml_examples_validate() -> None:
-    from shuniu.core.config_loader import load_deployment
+    from shuniu.core.config.loader import load_deployment
     from shuniu.core.plugin_manager import load_plugins
 
     plugins = load_plugins()
@@ -381,7 +383,7 @@ async def test_data_lines_split_any_way_and_skip_comments() -> None:
     for i in range(0, len(body), 7777):  # blocks cut mid-line, mid-"data:", mid-"\r\n"
         reader.feed_data(body[i : i + 7777])
     reader.feed_eof()
-    assert [x async for x in _DataLines(reader)] == [b"{}", b"[DONE]", big, b"tail-without-newline"]
+    assert [x async for x in SseData(reader)] == [b"{}", b"[DONE]", big, b"tail-without-newline"]
 
 
 # -- the backend against the fake ---------------------------------------------------------------

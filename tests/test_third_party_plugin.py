@@ -26,11 +26,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.contracts import BackendBase
 from shuniu.core.errors import ConfigError
-from shuniu.core.interfaces import BackendBase
 from shuniu.core.plugin_manager import load_plugins
-from shuniu.core.pool import EndpointState, Pool
+from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.types import InferenceRequest, Outcome
 from shuniu.plugins.schedulers.fifo import FifoScheduler
 

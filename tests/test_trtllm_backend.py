@@ -41,7 +41,7 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from shuniu.backends.trtllm.common import ProbeError
+from shuniu.backends.http import ProbeError
 from shuniu.backends.trtllm.metrics import (
     MetricsError,
     StatsView,
@@ -52,9 +52,9 @@ from shuniu.backends.trtllm.metrics import (
 from shuniu.backends.trtllm.options import ChatTemplate, TrtllmOptions
 from shuniu.backends.trtllm.serve import TrtllmServeBackend, engine_priority
 from shuniu.backends.trtllm.triton import StopTrimmer, TritonBackend, render_chat
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError
-from shuniu.core.interfaces import EndpointSpec
-from shuniu.core.openai_api import parse_request
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Principal
 from tests.conftest import wait_until
 from tests.fake_trtllm import FakeTriton, FakeTrtllmServe

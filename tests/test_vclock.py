@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shuniu.backends.sim.vclock import run_virtual
+from shuniu.plugins.tools.simulate import run_virtual
 
 
 def test_sleeps_cost_no_wall_time_and_keep_order() -> None:

@@ -21,11 +21,12 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from shuniu.backends.vllm.backend import ProbeError, VllmBackend, choose_model, tenant_salt
+from shuniu.backends.http import ProbeError
+from shuniu.backends.vllm.backend import VllmBackend, choose_model, tenant_salt
 from shuniu.backends.vllm.metrics import MetricsError, parse_vllm_metrics
 from shuniu.backends.vllm.options import VllmOptions
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError
-from shuniu.core.interfaces import EndpointSpec
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest, Principal
 from tests.conftest import GatewayProcess, start_process, wait_until
 from tests.test_openai_backend import ScriptedUpstream

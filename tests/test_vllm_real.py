@@ -37,7 +37,7 @@ import pytest
 from shuniu.backends.vllm.backend import VllmBackend
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.backends.vllm.options import VllmOptions
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.types import EndpointLoad, InferenceRequest, Principal
 from tests.conftest import wait_until
 

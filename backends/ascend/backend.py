@@ -29,18 +29,24 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, ClassVar
 
-import aiohttp
 import msgspec
 
 from shuniu.backends.ascend.metrics import parse_mindie_metrics
 from shuniu.backends.ascend.npu import DeviceSelection, endpoint_report, read_npus, select_devices
 from shuniu.backends.ascend.options import AscendOptions
-from shuniu.backends.openai.backend import STREAM_BREAKS, stream_broken
-from shuniu.backends.vllm.backend import ProbeError, VllmBackend
+from shuniu.backends.http import (
+    PROBE_ERRORS,
+    STREAM_BREAKS,
+    ProbeError,
+    SseLines,
+    data_payload,
+    end_stream,
+    stream_broken,
+)
+from shuniu.backends.vllm import VllmBackend
+from shuniu.core.contracts import DeviceReading, EndpointSpec, ProbeReport
 from shuniu.core.errors import GatewayError, upstream_error
-from shuniu.core.interfaces import EndpointSpec
 from shuniu.core.types import Chunk, EndpointLoad, InferenceRequest
-from shuniu.hardware.types import DeviceReading, ProbeReport
 
 __all__ = ["AscendVllmBackend", "MindieBackend", "build_backend", "mindie_error_message"]
 
@@ -153,16 +159,12 @@ class MindieBackend(_NpuDevices, VllmBackend):
             self.max_model_len = await self._max_seq_len()
 
     async def _max_seq_len(self) -> int | None:
-        assert self._session is not None
         try:
-            async with self._session.get(
-                self._config_url, headers=self._probe_headers, timeout=self._probe_timeout
-            ) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    return None
+            status, raw = await self.prober.get(self._config_url)
+            if status != 200:
+                return None
             data = msgspec.json.decode(raw)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError):
+        except (ProbeError, *PROBE_ERRORS):
             return None
         value = data.get("maxSeqLen") if isinstance(data, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -171,14 +173,7 @@ class MindieBackend(_NpuDevices, VllmBackend):
         """The engine's load from MindIE's ``/metrics``. Raises when the page cannot be read
         (MindIE answers 500 unless started with ``MIES_SERVICE_MONITOR_MODE=1``; its message
         is in the error) or holds no load series; the gateway then ages the last snapshot."""
-        session = self._session
-        if session is None:
-            raise ProbeError("not started")
-        async with session.get(
-            self._metrics_url, headers=self._probe_headers, timeout=self._probe_timeout
-        ) as resp:
-            raw = await resp.read()
-            status = resp.status
+        status, raw = await self.prober.get(self._metrics_url)
         if status != 200:
             message, _ = mindie_error_message(raw)
             path = self.ascend_options.metrics_path
@@ -222,13 +217,13 @@ class MindieBackend(_NpuDevices, VllmBackend):
         complete = False
         stray = bytearray()
         try:
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
+            async for line in SseLines(resp.content):
+                payload = data_payload(line)
+                if payload is None:
                     text = line.strip()
                     if text and len(stray) < _STRAY_LIMIT:
                         stray += text[: _STRAY_LIMIT - len(stray)] + b" "
                     continue
-                payload = line[5:].strip()
                 if payload == b"[DONE]":
                     await resp.read()
                     complete = True
@@ -244,11 +239,8 @@ class MindieBackend(_NpuDevices, VllmBackend):
         except STREAM_BREAKS as exc:
             raise stream_broken(self.name, exc) from None
         finally:
-            if complete:
-                resp.release()
-            else:
-                # Closing drops the connection; MindIE stops the generation when it sees it.
-                resp.close()
+            # Dropping the connection is how MindIE learns to stop the generation.
+            end_stream(resp, complete)
 
 
 def build_backend(spec: EndpointSpec) -> AscendVllmBackend | MindieBackend:

@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
+from shuniu.core.contracts import ProbeReport
 from shuniu.hardware.ascend import AscendProbe, map_ascend_visible_devices
-from shuniu.hardware.types import ProbeReport
 
 __all__ = [
     "VISIBLE_DEVICES_ENV",

@@ -13,8 +13,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shuniu.backends.openai.options import http_url, url_path
-from shuniu.backends.vllm.options import VllmOptions
+from shuniu.backends.http.options import http_url, url_path
+from shuniu.backends.vllm import VllmOptions
 
 __all__ = ["ENGINE_HEALTH_PATHS", "AscendOptions", "Engine"]
 

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.http.options import OpenAIOptions
 from shuniu.core import hookimpl
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import Backend, EndpointSpec, RegisterBackend
 
 
-def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
+def _factory(spec: EndpointSpec) -> Backend:
     from shuniu.backends.openai.backend import OpenAIBackend
 
     return OpenAIBackend(spec)
 
 
 @hookimpl
-def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+def register_backends(register: RegisterBackend) -> None:
     register(
         "openai",
         _factory,

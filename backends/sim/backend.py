@@ -17,8 +17,8 @@ from shuniu.backends.sim.engine import FINISHED, Seq
 from shuniu.backends.sim.faults import FaultState
 from shuniu.backends.sim.options import SimOptions
 from shuniu.backends.sim.text import VOCABULARY, rng_for
+from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import bad_request, upstream_error
-from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.tokens import split_tokens
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Usage
 

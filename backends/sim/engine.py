@@ -25,7 +25,7 @@ from typing import Protocol
 
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
-from shuniu.backends.sim.synthetic import synthetic_ids
+from shuniu.core.traffic import synthetic_ids
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["CostFunction", "EngineConfig", "EngineCore", "Seq", "SimEngine"]

@@ -1,20 +1,21 @@
-"""Registers the ``sim`` backend."""
+"""Registers the ``sim`` backend. The tools built on the simulator register their own commands
+(:mod:`shuniu.plugins.tools`)."""
 
 from __future__ import annotations
 
 from shuniu.backends.sim.options import SimOptions
 from shuniu.core import hookimpl
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import Backend, EndpointSpec, RegisterBackend
 
 
-def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
+def _factory(spec: EndpointSpec) -> Backend:
     from shuniu.backends.sim.backend import SimBackend
 
     return SimBackend(spec)
 
 
 @hookimpl
-def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+def register_backends(register: RegisterBackend) -> None:
     register(
         "sim",
         _factory,
@@ -22,14 +23,3 @@ def register_backends(register) -> None:  # type: ignore[no-untyped-def]
         description="Built-in engine simulator (no GPU): continuous batching, paged KV and prefix "
         "cache, timing from hardware and model profiles or a fixed rate.",
     )
-
-
-@hookimpl
-def register_commands(cli) -> None:  # type: ignore[no-untyped-def]
-    from shuniu.backends.sim.commands import simulate_command
-    from shuniu.backends.sim.plan import plan_command
-    from shuniu.backends.sim.serve import sim_group
-
-    cli.add_command(simulate_command)
-    cli.add_command(plan_command)
-    cli.add_command(sim_group)

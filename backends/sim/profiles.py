@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from shuniu.core.config_loader import _pydantic_problems, parse_yaml
+from shuniu.core.config.loader import parse_yaml, pydantic_problems
 from shuniu.core.errors import ConfigError, Problem
 
 __all__ = [
@@ -614,7 +614,7 @@ def _validate(
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(_pydantic_problems(exc, prefix, lines, cls), source) from None
+        raise ProfileError(pydantic_problems(exc, prefix, lines, cls), source) from None
 
 
 def _names(cls: type[BaseModel]) -> list[str]:

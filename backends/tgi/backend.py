@@ -17,7 +17,6 @@ decodes events with msgspec, and needs no extra installed (docs/backends/tgi.md)
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -25,29 +24,32 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import (
+from shuniu.backends.http import (
+    PROBE_ERRORS,
     STREAM_BREAKS,
-    OpenAIBackend,
+    OpenAIEngine,
+    OpenAIOptions,
     ProbeError,
-    _extra,
+    Prober,
+    SseData,
+    delta_extras,
+    describe_error,
+    end_stream,
     post_or_raise,
+    probe_headers,
+    read_whole,
     stream_broken,
 )
-from shuniu.backends.openai.backend import describe_error as _describe
-from shuniu.backends.openai.options import OpenAIOptions
 from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
 from shuniu.backends.tgi.options import TgiOptions
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError, upstream_error
-from shuniu.core.interfaces import EndpointSpec
 from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
 
-__all__ = ["ProbeError", "TgiBackend"]
+__all__ = ["TgiBackend"]
 
 _encode = msgspec.json.Encoder().encode
-_MAX_EVENT = 16 * 1024 * 1024
-"""Longest SSE line accepted. TGI's final ``/generate_stream`` event repeats the whole
-generated text, so lines can be long (aiohttp's own line reader stops at 128 kB)."""
 
 
 class _Token(msgspec.Struct):
@@ -108,52 +110,7 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-class _DataLines:
-    """The ``data:`` payloads of an SSE body, in order, whatever the line length.
-
-    TGI (axum) writes ``data:<json>`` lines (no space), blank lines between events and
-    ``:`` comment lines as keep-alives; payloads are returned stripped, comments dropped.
-    A class rather than an async generator so that a stream closed half-way leaves no
-    generator behind to be finalised later."""
-
-    __slots__ = ("_blocks", "_eof", "_pending", "_tail")
-
-    def __init__(self, content: aiohttp.StreamReader) -> None:
-        self._blocks = content.iter_any().__aiter__()
-        self._pending: deque[bytes] = deque()
-        self._tail = b""
-        self._eof = False
-
-    def __aiter__(self) -> _DataLines:
-        return self
-
-    async def __anext__(self) -> bytes:
-        pending = self._pending
-        while not pending:
-            if self._eof:
-                raise StopAsyncIteration
-            try:
-                block = await self._blocks.__anext__()
-            except StopAsyncIteration:
-                self._eof = True
-                if self._tail.startswith(b"data:"):
-                    pending.append(self._tail[5:].strip())
-                self._tail = b""
-                continue
-            if self._tail:
-                block = self._tail + block
-            start = 0
-            while (end := block.find(b"\n", start)) >= 0:
-                if block.startswith(b"data:", start):
-                    pending.append(block[start + 5 : end].strip())
-                start = end + 1
-            self._tail = block[start:]
-            if len(self._tail) > _MAX_EVENT:
-                raise aiohttp.ClientPayloadError(f"an event longer than {_MAX_EVENT} bytes")
-        return pending.popleft()
-
-
-class TgiBackend(OpenAIBackend):
+class TgiBackend(OpenAIEngine):
     kind: ClassVar[str] = "tgi"
     discovery: ClassVar[str | None] = "GET /info"
 
@@ -182,11 +139,8 @@ class TgiBackend(OpenAIBackend):
         self._info_url = f"{root}/info"
         self._health_url = root + opts.health_path
         self._metrics_url = root + opts.metrics_path
-        probe_headers = {**opts.headers, "accept": "*/*", "accept-encoding": "identity"}
-        if opts.api_key:
-            probe_headers["authorization"] = f"Bearer {opts.api_key}"
-        self._probe_headers = probe_headers
-        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
+        headers = probe_headers(opts.headers, opts.api_key)
+        self.prober = Prober(lambda: self._session, headers, opts.probe_timeout_s)
         self.info: dict[str, Any] | None = None
         """TGI's ``/info`` answer once read (model id, version, limits)."""
         self.info_problem: str | None = None
@@ -208,14 +162,7 @@ class TgiBackend(OpenAIBackend):
         """Read ``/info``: the context window (``max_total_tokens``, which becomes
         ``max_model_len`` unless configured), ``max_input_tokens`` and, on older servers,
         ``max_batch_total_tokens``. Raises on transport errors and non-200 answers."""
-        assert self._session is not None, "not started"
-        async with self._session.get(
-            self._info_url, headers=self._probe_headers, timeout=self._probe_timeout
-        ) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise ProbeError(f"GET /info: HTTP {resp.status}")
-        data = msgspec.json.decode(raw)
+        data = await self.prober.fetch_json(self._info_url, "GET /info")
         if not isinstance(data, dict):
             raise ProbeError("GET /info: not a JSON object")
 
@@ -237,39 +184,25 @@ class TgiBackend(OpenAIBackend):
     async def health(self) -> Health:
         """``/health`` answers 200 (TGI checks its model shards), and ``/info`` has been
         read (it is read here until it has)."""
-        session = self._session
-        if session is None:
+        if self._session is None:
             return Health(False, "not started")
         try:
-            async with session.get(
-                self._health_url, headers=self._probe_headers, timeout=self._probe_timeout
-            ) as resp:
-                body = await resp.read()
-                status = resp.status
-            if status != 200:
-                text = body[:200].decode("utf-8", "replace").strip()
-                return Health(False, f"HTTP {status}: {text}" if text else f"HTTP {status}")
+            down = await self.prober.alive(self._health_url)
+            if down is not None:
+                return Health(False, down)
             if self.info is None:
                 await self.discover()
         except ProbeError as exc:
             return Health(False, str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            return Health(False, _describe(exc))
+        except PROBE_ERRORS as exc:
+            return Health(False, describe_error(exc))
         return Health(True, "HTTP 200")
 
     async def load(self) -> EndpointLoad:
         """The engine's load from ``/metrics`` (see
         :func:`~shuniu.backends.tgi.metrics.parse_tgi_metrics`). Raises when the page cannot
         be read or holds no TGI series; the gateway then ages the last snapshot."""
-        session = self._session
-        if session is None:
-            raise ProbeError("not started")
-        async with session.get(
-            self._metrics_url, headers=self._probe_headers, timeout=self._probe_timeout
-        ) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise ProbeError(f"GET {self.tgi_options.metrics_path}: HTTP {resp.status}")
+        raw = await self.prober.fetch(self._metrics_url, f"GET {self.tgi_options.metrics_path}")
         return parse_tgi_metrics(raw, self.max_batch_total_tokens)
 
     # -- requests ---------------------------------------------------------------------------
@@ -316,16 +249,7 @@ class TgiBackend(OpenAIBackend):
             return result
         protocol.check_completion(req)
         resp = await self._open(self._generate_url, self._generate_payload(req), req)
-        try:
-            raw = await resp.read()
-        except TimeoutError:
-            raise upstream_error(f"The engine endpoint {self.name} timed out.", 504) from None
-        except aiohttp.ClientError as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} failed mid-response ({type(exc).__name__})."
-            ) from None
-        finally:
-            resp.release()
+        raw = await read_whole(resp, self.name)
         try:
             body = _decode_generated(raw)
         except msgspec.DecodeError:
@@ -354,7 +278,7 @@ class TgiBackend(OpenAIBackend):
         resp = await self._open(self._stream_url, self._generate_payload(req), req)
         done = False
         try:
-            async for data in _DataLines(resp.content):
+            async for data in SseData(resp.content):
                 if done:
                     continue  # nothing follows the final event; read to the end regardless
                 try:
@@ -387,12 +311,9 @@ class TgiBackend(OpenAIBackend):
         except STREAM_BREAKS as exc:
             raise stream_broken(self.name, exc) from None
         finally:
-            if done:
-                resp.release()
-            else:
-                # Dropping the connection is how TGI learns the client went away: it stops
-                # generating and counts the request as dropped.
-                resp.close()
+            # Dropping the connection is how TGI learns the client went away: it stops
+            # generating and counts the request as dropped.
+            end_stream(resp, done)
 
     async def _stream_chat(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
         """The Messages API stream: OpenAI chunks, a usage chunk, ``[DONE]``. TGI reports
@@ -402,7 +323,7 @@ class TgiBackend(OpenAIBackend):
         resp = await self._post(req, stream=True)
         done = False
         try:
-            async for data in _DataLines(resp.content):
+            async for data in SseData(resp.content):
                 if done:
                     continue
                 if data == b"[DONE]":
@@ -423,7 +344,7 @@ class TgiBackend(OpenAIBackend):
                 choice = event.choices[0]
                 delta = choice.delta or {}
                 text = delta.get("content") or ""
-                extra = _extra(delta)
+                extra = delta_extras(delta)
                 finish = protocol.finish_reason(choice.finish_reason)
                 if text or extra or finish is not None or event.usage is not None:
                     yield Chunk(text, 1 if text else 0, finish, event.usage, extra)
@@ -432,7 +353,4 @@ class TgiBackend(OpenAIBackend):
         except STREAM_BREAKS as exc:
             raise stream_broken(self.name, exc) from None
         finally:
-            if done:
-                resp.release()
-            else:
-                resp.close()
+            end_stream(resp, done)

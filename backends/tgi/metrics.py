@@ -16,7 +16,7 @@ so missing queue and batch gauges mean an idle engine, not an error. A page with
 
 from __future__ import annotations
 
-from shuniu.backends.openai.prometheus import samples, series_pattern
+from shuniu.backends.http.prometheus import MetricsError, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_tgi_metrics"]
@@ -39,10 +39,6 @@ WANTED: tuple[str, ...] = (
 # substring search instead of trying the alternation at every position.
 _LINE = series_pattern(WANTED)
 _DROPPED = b'err="dropped"'
-
-
-class MetricsError(ValueError):
-    """The page holds no TGI series (not a TGI server, or a wrong path)."""
 
 
 def parse_tgi_metrics(text: bytes | str, max_batch_total_tokens: int | None = None) -> EndpointLoad:

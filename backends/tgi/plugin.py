@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from shuniu.backends.tgi.options import TgiOptions
 from shuniu.core import hookimpl
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import Backend, EndpointSpec, RegisterBackend
 
 __all__ = ["register_backends"]
 
 
-def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
+def _factory(spec: EndpointSpec) -> Backend:
     # Imported on use: listing plugins or validating a deployment needs no aiohttp.
     from shuniu.backends.tgi.backend import TgiBackend
 
@@ -17,7 +17,7 @@ def _factory(spec: EndpointSpec):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+def register_backends(register: RegisterBackend) -> None:
     register(
         "tgi",
         _factory,

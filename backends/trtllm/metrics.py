@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shuniu.backends.openai.prometheus import label_dict, samples, series_pattern
+from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = [
@@ -33,11 +33,6 @@ __all__ = [
     "parse_triton_metrics",
     "parse_trtllm_prometheus",
 ]
-
-
-class MetricsError(ValueError):
-    """The page holds none of the load series this parser needs (a wrong path or port, or
-    an engine that does not publish them)."""
 
 
 # -- trtllm-serve's JSON iteration statistics ----------------------------------------------

@@ -24,12 +24,18 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend
-from shuniu.backends.openai.options import OpenAIOptions
-from shuniu.backends.trtllm.common import ProbeError, describe, get, probe_headers, short
+from shuniu.backends.http import (
+    PROBE_ERRORS,
+    OpenAIEngine,
+    OpenAIOptions,
+    ProbeError,
+    Prober,
+    describe_error,
+    probe_headers,
+)
 from shuniu.backends.trtllm.metrics import MetricsError, StatsView, parse_trtllm_prometheus
 from shuniu.backends.trtllm.options import TrtllmOptions
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest
 
 __all__ = ["TrtllmServeBackend", "engine_priority"]
@@ -46,7 +52,7 @@ def engine_priority(priority: int) -> float:
     return round(0.5 - math.atan(priority) / math.pi, 6)
 
 
-class TrtllmServeBackend(OpenAIBackend):
+class TrtllmServeBackend(OpenAIEngine):
     kind: ClassVar[str] = "trtllm"
     discovery: ClassVar[str | None] = "GET /v1/models"
 
@@ -69,8 +75,9 @@ class TrtllmServeBackend(OpenAIBackend):
         self._health_url = opts.health_url
         self._stats_url = opts.base_url + opts.stats_path
         self._prometheus_url = opts.prometheus_url
-        self._probe_headers = probe_headers(opts)
-        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
+        self.prober = Prober(
+            lambda: self._session, probe_headers(opts.headers, opts.api_key), opts.probe_timeout_s
+        )
         # auto resolves on the first load() read (see load()).
         self._source: str = "auto" if opts.load_from == "auto" else opts.load_source
         self.served_model: str | None = None
@@ -115,11 +122,7 @@ class TrtllmServeBackend(OpenAIBackend):
     async def discover(self) -> None:
         """Read ``/v1/models`` and settle the model name sent upstream. Raises on transport
         errors and non-200 answers."""
-        assert self._session is not None, "not started"
-        status, raw = await get(self._session, self._models_url, self._probe_headers, self._probe_timeout)
-        if status != 200:
-            raise ProbeError(f"GET /v1/models: HTTP {status}")
-        data = msgspec.json.decode(raw)
+        data = await self.prober.fetch_json(self._models_url, "GET /v1/models")
         listed = data.get("data") if isinstance(data, dict) else None
         entries = [e for e in listed or () if isinstance(e, dict) and isinstance(e.get("id"), str)]
         ids = [e["id"] for e in entries]
@@ -148,22 +151,20 @@ class TrtllmServeBackend(OpenAIBackend):
     async def health(self) -> Health:
         """``/health`` answers 200 (trtllm-serve answers 503 once its executor died), and the
         served model is known (``/v1/models`` is read until it is)."""
-        session = self._session
-        if session is None:
+        if self._session is None:
             return Health(False, "not started")
         try:
-            status, body = await get(session, self._health_url, self._probe_headers, self._probe_timeout)
-            if status != 200:
-                text = short(body)
-                return Health(False, f"HTTP {status}: {text}" if text else f"HTTP {status}")
+            down = await self.prober.alive(self._health_url)
+            if down is not None:
+                return Health(False, down)
             if self.served_model is None:
                 await self.discover()
                 if self.served_model is None:
                     return Health(False, self.model_problem or "no served model")
         except ProbeError as exc:
             return Health(False, str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            return Health(False, describe(exc))
+        except PROBE_ERRORS as exc:
+            return Health(False, describe_error(exc))
         return Health(True, "HTTP 200")
 
     # -- load -------------------------------------------------------------------------------
@@ -190,10 +191,7 @@ class TrtllmServeBackend(OpenAIBackend):
             return None
         if self._source == "stats":
             return self._stats_snapshot()
-        session = self._session
-        if session is None:
-            raise ProbeError("not started")
-        status, raw = await get(session, self._prometheus_url, self._probe_headers, self._probe_timeout)
+        status, raw = await self.prober.get(self._prometheus_url)
         if self._source == "prometheus":
             if status != 200:
                 raise ProbeError(f"GET {self._prometheus_url}: HTTP {status}")
@@ -232,10 +230,9 @@ class TrtllmServeBackend(OpenAIBackend):
             started = loop.time()
             ok = False
             try:
-                session = self._session
-                if session is None:
+                if self._session is None:
                     return
-                status, raw = await get(session, self._stats_url, self._probe_headers, timeout)
+                status, raw = await self.prober.get(self._stats_url, timeout)
                 if status != 200:
                     raise ProbeError(f"GET {path}: HTTP {status}")
                 entries = msgspec.json.decode(raw)
@@ -247,8 +244,8 @@ class TrtllmServeBackend(OpenAIBackend):
                 ok = True
             except (ProbeError, MetricsError) as exc:
                 self.stats_problem = str(exc)
-            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-                self.stats_problem = f"GET {path}: {describe(exc)}"
+            except PROBE_ERRORS as exc:
+                self.stats_problem = f"GET {path}: {describe_error(exc)}"
             pause = _STATS_MIN_INTERVAL_S - (loop.time() - started) if ok else _STATS_RETRY_S
             await asyncio.sleep(max(pause, 0.0))
 

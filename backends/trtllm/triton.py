@@ -23,12 +23,26 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import STREAM_BREAKS, post_or_raise, stream_broken
-from shuniu.backends.trtllm.common import ProbeError, describe, get, probe_headers, short
+from shuniu.backends.http import (
+    PROBE_ERRORS,
+    STREAM_BREAKS,
+    ProbeError,
+    Prober,
+    SseLines,
+    data_payload,
+    describe_error,
+    end_stream,
+    open_session,
+    post_or_raise,
+    probe_headers,
+    read_whole,
+    short_body,
+    stream_broken,
+)
 from shuniu.backends.trtllm.metrics import parse_triton_metrics
 from shuniu.backends.trtllm.options import ChatTemplate, TrtllmOptions
+from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import GatewayError, bad_request, upstream_error
-from shuniu.core.interfaces import BackendBase, EndpointSpec
 from shuniu.core.tokens import count_tokens
 from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
 
@@ -135,9 +149,9 @@ class TritonBackend(BackendBase):
         self._headers = {"content-type": "application/json", **opts.headers}
         if opts.api_key:
             self._headers["authorization"] = f"Bearer {opts.api_key}"
-        self._probe_headers = probe_headers(opts)
-        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        headers = probe_headers(opts.headers, opts.api_key)
+        self.prober = Prober(lambda: self._session, headers, opts.probe_timeout_s)
         self.inputs: frozenset[str] | None = None
         """The model's input names, once its metadata was read."""
         self.schema: Literal["ensemble", "llmapi"] = (
@@ -150,19 +164,17 @@ class TritonBackend(BackendBase):
 
     async def start(self) -> None:
         opts = self.options
-        connector = aiohttp.TCPConnector(limit=opts.max_connections, keepalive_timeout=60, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=opts.timeout_s, sock_connect=opts.connect_timeout_s),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+        self._session = open_session(
+            max_connections=opts.max_connections,
+            timeout_s=opts.timeout_s,
+            connect_timeout_s=opts.connect_timeout_s,
         )
         try:
             await self.read_metadata()
         except ProbeError as exc:
             self.metadata_problem = str(exc)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            self.metadata_problem = f"GET /v2/models/{opts.triton_model}: {describe(exc)}"
+        except PROBE_ERRORS as exc:
+            self.metadata_problem = f"GET /v2/models/{opts.triton_model}: {describe_error(exc)}"
 
     async def stop(self) -> None:
         if self._session is not None:
@@ -172,8 +184,7 @@ class TritonBackend(BackendBase):
     async def read_metadata(self) -> None:
         """Read the model's metadata (``GET /v2/models/{model}``): its input names, which
         settle ``triton_inputs: auto`` and which optional inputs are sent."""
-        assert self._session is not None, "not started"
-        status, raw = await get(self._session, self._metadata_url, self._probe_headers, self._probe_timeout)
+        status, raw = await self.prober.get(self._metadata_url)
         if status != 200:
             raise ProbeError(f"GET /v2/models/{self.options.triton_model}: HTTP {status}: {_error_text(raw)}")
         data = _decode(raw)
@@ -192,16 +203,15 @@ class TritonBackend(BackendBase):
         """Triton is ready (``/v2/health/ready``), the model is ready
         (``/v2/models/{model}/ready``), and, with ``triton_inputs: auto``, its metadata
         has been read."""
-        session = self._session
-        if session is None:
+        if self._session is None:
             return Health(False, "not started")
         model = self.options.triton_model
         try:
-            status, body = await get(session, self._health_url, self._probe_headers, self._probe_timeout)
+            status, body = await self.prober.get(self._health_url)
             if status != 200:
                 text = _error_text(body)
                 return Health(False, f"server not ready: HTTP {status}" + (f": {text}" if text else ""))
-            status, body = await get(session, self._model_ready_url, self._probe_headers, self._probe_timeout)
+            status, body = await self.prober.get(self._model_ready_url)
             if status != 200:
                 text = _error_text(body)
                 detail = f"model {model} not ready: HTTP {status}"
@@ -211,8 +221,8 @@ class TritonBackend(BackendBase):
         except ProbeError as exc:
             self.metadata_problem = str(exc)
             return Health(False, str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            return Health(False, describe(exc))
+        except PROBE_ERRORS as exc:
+            return Health(False, describe_error(exc))
         return Health(True, f"model {model} ready")
 
     async def load(self) -> EndpointLoad | None:
@@ -220,12 +230,7 @@ class TritonBackend(BackendBase):
         (``none``). Raises when the page cannot be read or has no TensorRT-LLM series."""
         if self.options.load_source == "none":
             return None
-        session = self._session
-        if session is None:
-            raise ProbeError("not started")
-        status, raw = await get(session, self._metrics_url, self._probe_headers, self._probe_timeout)
-        if status != 200:
-            raise ProbeError(f"GET {self._metrics_url}: HTTP {status}")
+        raw = await self.prober.fetch(self._metrics_url, f"GET {self._metrics_url}")
         return parse_triton_metrics(raw, self.options.metrics_model)
 
     # -- requests ---------------------------------------------------------------------------
@@ -371,10 +376,8 @@ class TritonBackend(BackendBase):
         reason: Any = None
         complete = False
         try:
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
+            async for line in SseLines(resp.content):
+                data = data_payload(line)
                 if not data:
                     continue
                 try:
@@ -413,24 +416,13 @@ class TritonBackend(BackendBase):
         except STREAM_BREAKS as exc:
             raise stream_broken(self.name, exc) from None
         finally:
-            if complete:
-                resp.release()
-            else:
-                # Closing (not releasing) drops the connection, which makes Triton cancel the
-                # request when the client went away early.
-                resp.close()
+            # Dropping an unfinished stream's connection makes Triton cancel the request.
+            end_stream(resp, complete)
 
     async def complete(self, req: InferenceRequest) -> Completion:
         prep = self.prepare(req, stream=False)
         resp = await self._post(False, prep.payload, req)
-        try:
-            raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise upstream_error(
-                f"The engine endpoint {self.name} failed mid-response ({type(exc).__name__})."
-            ) from None
-        finally:
-            resp.release()
+        raw = await read_whole(resp, self.name)
         try:
             body = _decode(raw)
         except msgspec.DecodeError:
@@ -472,7 +464,7 @@ def _error_text(raw: bytes) -> str:
     try:
         data = _decode(raw)
     except msgspec.DecodeError:
-        return short(raw)
+        return short_body(raw)
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return str(data["error"])
-    return short(raw)
+    return short_body(raw)

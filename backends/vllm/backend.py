@@ -14,18 +14,23 @@ import secrets
 from dataclasses import replace
 from typing import Any, ClassVar
 
-import aiohttp
 import msgspec
 
-from shuniu.backends.openai.backend import OpenAIBackend, ProbeError
-from shuniu.backends.openai.backend import describe_error as _describe
-from shuniu.backends.openai.options import OpenAIOptions
+from shuniu.backends.http import (
+    PROBE_ERRORS,
+    OpenAIEngine,
+    OpenAIOptions,
+    ProbeError,
+    Prober,
+    describe_error,
+    probe_headers,
+)
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.backends.vllm.options import VllmOptions
-from shuniu.core.interfaces import EndpointSpec
+from shuniu.core.contracts import EndpointSpec
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest
 
-__all__ = ["ProbeError", "VllmBackend", "choose_model", "tenant_salt"]
+__all__ = ["VllmBackend", "choose_model", "tenant_salt"]
 
 _PROCESS_SECRET = secrets.token_bytes(32)
 """The ``cache_salt`` key when no ``cache_salt_secret`` is configured: one per process, so
@@ -68,7 +73,7 @@ def choose_model(
     return None, f"the server serves several models ({', '.join(ids)}); set options.model"
 
 
-class VllmBackend(OpenAIBackend):
+class VllmBackend(OpenAIEngine):
     kind: ClassVar[str] = "vllm"
     discovery: ClassVar[str | None] = "GET /v1/models"
 
@@ -90,14 +95,9 @@ class VllmBackend(OpenAIBackend):
         self._models_url = f"{opts.base_url}/v1/models"
         self._health_url = opts.base_url + opts.health_path
         self._metrics_url = opts.base_url + opts.metrics_path
-        probe_headers = {**opts.headers, "accept": "*/*"}
-        if opts.api_key:
-            probe_headers["authorization"] = f"Bearer {opts.api_key}"
-        # prometheus_client gzips /metrics when asked, and the session does not decompress
-        # (auto_decompress=False, right for proxying): ask for the plain page.
-        probe_headers["accept-encoding"] = "identity"
-        self._probe_headers = probe_headers
-        self._probe_timeout = aiohttp.ClientTimeout(total=opts.probe_timeout_s)
+        self.prober = Prober(
+            lambda: self._session, probe_headers(opts.headers, opts.api_key), opts.probe_timeout_s
+        )
         self.served_model: str | None = None
         """The upstream model name once ``/v1/models`` confirmed it."""
         self.model_problem: str | None = None
@@ -123,14 +123,7 @@ class VllmBackend(OpenAIBackend):
     async def discover(self) -> None:
         """Read ``/v1/models``: settle the upstream model name and, unless configured, the
         endpoint's ``max_model_len``. Raises on transport errors and non-200 answers."""
-        assert self._session is not None, "not started"
-        async with self._session.get(
-            self._models_url, headers=self._probe_headers, timeout=self._probe_timeout
-        ) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise ProbeError(f"GET /v1/models: HTTP {resp.status}")
-        data = msgspec.json.decode(raw)
+        data = await self.prober.fetch_json(self._models_url, "GET /v1/models")
         listed = data.get("data") if isinstance(data, dict) else None
         entries = [e for e in listed or () if isinstance(e, dict) and isinstance(e.get("id"), str)]
         entry, self.model_problem = choose_model(entries, self.vllm_options.model, self.public_model)
@@ -143,40 +136,26 @@ class VllmBackend(OpenAIBackend):
     async def health(self) -> Health:
         """``/health`` answers 200, and the served model is known (``/v1/models`` is read
         until it is)."""
-        session = self._session
-        if session is None:
+        if self._session is None:
             return Health(False, "not started")
         try:
-            async with session.get(
-                self._health_url, headers=self._probe_headers, timeout=self._probe_timeout
-            ) as resp:
-                body = await resp.read()
-                status = resp.status
-            if status != 200:
-                text = body[:200].decode("utf-8", "replace").strip()
-                return Health(False, f"HTTP {status}: {text}" if text else f"HTTP {status}")
+            down = await self.prober.alive(self._health_url)
+            if down is not None:
+                return Health(False, down)
             if self.served_model is None:
                 await self.discover()
                 if self.served_model is None:
                     return Health(False, self.model_problem or "no served model")
         except ProbeError as exc:
             return Health(False, str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-            return Health(False, _describe(exc))
+        except PROBE_ERRORS as exc:
+            return Health(False, describe_error(exc))
         return Health(True, "HTTP 200")
 
     async def load(self) -> EndpointLoad:
         """The engine's load from ``/metrics``. Raises when the page cannot be read or holds
         no vLLM load series; the gateway then ages the last snapshot."""
-        session = self._session
-        if session is None:
-            raise ProbeError("not started")
-        async with session.get(
-            self._metrics_url, headers=self._probe_headers, timeout=self._probe_timeout
-        ) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise ProbeError(f"GET {self.vllm_options.metrics_path}: HTTP {resp.status}")
+        raw = await self.prober.fetch(self._metrics_url, f"GET {self.vllm_options.metrics_path}")
         return parse_vllm_metrics(raw)
 
     # -- the request body -------------------------------------------------------------------

@@ -14,7 +14,7 @@ fractions means nothing.
 
 from __future__ import annotations
 
-from shuniu.backends.openai.prometheus import samples, series_pattern
+from shuniu.backends.http.prometheus import MetricsError, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_vllm_metrics"]
@@ -44,10 +44,6 @@ _LINE = series_pattern(WANTED)
 _ABORT = b'finished_reason="abort"'
 _KV, _KV_OLD = b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"
 _QUERIES, _QUERIES_OLD = b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"
-
-
-class MetricsError(ValueError):
-    """The page holds none of vLLM's load series (not a vLLM server, or a wrong path)."""
 
 
 def parse_vllm_metrics(text: bytes | str) -> EndpointLoad:

@@ -28,6 +28,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import LimitsConfig, Options
+from shuniu.core.contracts import AuthenticatorOptions, RegisterAuthenticator
 from shuniu.core.types import Limits, Principal
 
 __all__ = ["ApiKey", "ApiKeys", "ApiKeysOptions", "hash_key", "new_key"]
@@ -74,7 +75,7 @@ class ApiKey(Options):
         return "sha256:" + digest
 
 
-class ApiKeysOptions(Options):
+class ApiKeysOptions(AuthenticatorOptions):
     """Options of the ``api_keys`` authenticator."""
 
     keys: list[ApiKey] = Field(default_factory=list)
@@ -120,6 +121,13 @@ class ApiKeysOptions(Options):
 
     def referenced_models(self) -> dict[str, str]:
         return {m: f"key {key.id!r}" for key in self.keys for m in key.models or ()}
+
+    def sets_limits(self) -> bool:
+        """Whether some key carries limits of its own (then a rate-limit store is needed)."""
+        return any(
+            key.limits is not None and any(v is not None for v in key.limits.model_dump().values())
+            for key in self.keys
+        )
 
 
 def _parse_keys(text: str, where: str) -> list[ApiKey]:
@@ -177,7 +185,7 @@ class ApiKeys:
 
 
 @hookimpl
-def register_authenticators(register) -> None:  # type: ignore[no-untyped-def]
+def register_authenticators(register: RegisterAuthenticator) -> None:
     register(
         "api_keys",
         ApiKeys,

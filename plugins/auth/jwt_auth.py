@@ -29,10 +29,11 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from shuniu.core import hookimpl
-from shuniu.core.auth import invalid_credentials
 from shuniu.core.config import Options
+from shuniu.core.contracts import RegisterAuthenticator
 from shuniu.core.errors import GatewayError
 from shuniu.core.extras import MissingExtraError, require
+from shuniu.core.tenancy.auth import invalid_credentials
 from shuniu.core.types import Principal
 
 __all__ = ["ALGORITHMS", "JwtAuthenticator", "JwtOptions"]
@@ -581,7 +582,7 @@ class JwtAuthenticator:
 
 
 @hookimpl
-def register_authenticators(register) -> None:  # type: ignore[no-untyped-def]
+def register_authenticators(register: RegisterAuthenticator) -> None:
     register(
         "jwt",
         JwtAuthenticator,

@@ -1,6 +1,6 @@
 """``least_load``: the endpoint with the least outstanding work, and the ``load`` scorer.
 
-Work is the load view of :mod:`shuniu.core.load`: the gateway's own in-flight requests and
+Work is the load view of :mod:`shuniu.core.pools.load`: the gateway's own in-flight requests and
 tokens plus, weighted by freshness, what the engine reports (requests from other gateways,
 its waiting queue, a nearly full KV cache). Unlike least-requests it sees that one request
 holding 8,000 tokens is not the same as one holding 80.
@@ -14,8 +14,8 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.load import LoadWeights, load_score
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer, RegisterScorer, Scorer
+from shuniu.core.pools.load import LoadWeights, load_score
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["LeastLoad", "LoadOptions", "LoadScorer"]
@@ -37,8 +37,8 @@ class LoadOptions(Options):
         return LoadWeights(self.waiting, self.tokens_per_request, self.kv, self.kv_knee)
 
 
-class LeastLoad:
-    """Picks the lowest :func:`~shuniu.core.load.load_score`; ties in turn. O(endpoints)."""
+class LeastLoad(Balancer):
+    """Picks the lowest :func:`~shuniu.core.pools.load.load_score`; ties in turn. O(endpoints)."""
 
     __slots__ = ("_turn", "weights")
 
@@ -46,7 +46,7 @@ class LeastLoad:
         self.weights = (options or LoadOptions()).weights()
         self._turn = 0
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n == 0:
             return None
@@ -63,7 +63,7 @@ class LeastLoad:
         return best
 
 
-class LoadScorer:
+class LoadScorer(Scorer):
     """Scores each candidate ``(1 + least load) / (1 + its load)``: 1 for the least loaded,
     falling as an endpoint carries more than the least loaded one."""
 
@@ -72,18 +72,18 @@ class LoadScorer:
     def __init__(self, options: LoadOptions | None = None) -> None:
         self.weights = (options or LoadOptions()).weights()
 
-    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> list[float]:
+    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> list[float]:
         w = self.weights
         loads = [load_score(e, w) for e in endpoints]
         low = min(loads) + 1.0
         return [low / (x + 1.0) for x in loads]
 
-    def picked(self, req: InferenceRequest, endpoint: EndpointState) -> None:
+    def picked(self, req: InferenceRequest, endpoint: EndpointView) -> None:
         return None
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "least_load",
         LeastLoad,
@@ -93,7 +93,7 @@ def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def register_scorers(register) -> None:  # type: ignore[no-untyped-def]
+def register_scorers(register: RegisterScorer) -> None:
     register(
         "load",
         LoadScorer,

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shuniu.core import hookimpl
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["LeastRequests"]
 
 
-class LeastRequests:
+class LeastRequests(Balancer):
     """Picks the candidate with the lowest ``(in_flight + 1) / weight``: the fewest requests
     per unit of weight once this one is placed. Counting the new request makes a heavier
     endpoint win among idle ones and keeps filling endpoints in proportion to their weights
@@ -30,7 +30,7 @@ class LeastRequests:
     def __init__(self, options: None = None) -> None:
         self._next = 0
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n == 0:
             return None
@@ -51,7 +51,7 @@ class LeastRequests:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "least_requests",
         LeastRequests,

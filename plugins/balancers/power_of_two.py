@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.load import load_score
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
+from shuniu.core.pools.load import load_score
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["PowerOfTwo", "PowerOfTwoOptions"]
@@ -23,9 +23,9 @@ class PowerOfTwoOptions(Options):
     tests); unset seeds it from the system's entropy."""
 
 
-class PowerOfTwo:
+class PowerOfTwo(Balancer):
     """Draws two distinct candidates uniformly and takes the one with the lower
-    :func:`shuniu.core.load.load_score` (the first drawn on a tie, so equal endpoints
+    :func:`shuniu.core.pools.load.load_score` (the first drawn on a tie, so equal endpoints
     share at random).
 
     Nearly as even as scanning for the least loaded, but the randomness keeps several
@@ -41,7 +41,7 @@ class PowerOfTwo:
         options = options or PowerOfTwoOptions()
         self._random = random.Random(options.seed).random
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n <= 1:
             return endpoints[0] if n else None
@@ -57,7 +57,7 @@ class PowerOfTwo:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "power_of_two",
         PowerOfTwo,

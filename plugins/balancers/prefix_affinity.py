@@ -19,9 +19,9 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.load import LoadWeights, load_score
-from shuniu.core.pool import EndpointState
-from shuniu.core.prefix import prefix_hashes
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer, RegisterScorer, Scorer
+from shuniu.core.pools.load import LoadWeights, load_score
+from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
 from shuniu.plugins.balancers.prefix_index import PrefixIndex
@@ -60,7 +60,7 @@ class PrefixAffinityOptions(PrefixOptions):
     """How load is measured (as ``least_load`` does)."""
 
 
-class PrefixAffinity:
+class PrefixAffinity(Balancer):
     """Longest known prefix, bounded by load; least load when nothing matches."""
 
     __slots__ = ("_turn", "bound_weights", "index", "options", "weights")
@@ -73,7 +73,7 @@ class PrefixAffinity:
         self.index = PrefixIndex(self.options.max_blocks)
         self._turn = 0
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n == 0:
             return None
@@ -118,7 +118,7 @@ class PrefixAffinity:
         return chosen
 
 
-class PrefixScorer:
+class PrefixScorer(Scorer):
     """Scores each candidate by the share of the prompt's blocks it is known to hold (0..1)."""
 
     __slots__ = ("index", "options")
@@ -127,7 +127,7 @@ class PrefixScorer:
         self.options = options or PrefixOptions()
         self.index = PrefixIndex(self.options.max_blocks)
 
-    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> list[float]:
+    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> list[float]:
         o = self.options
         hashes = prefix_hashes(req, o.block_chars, o.block_tokens)
         if not hashes:
@@ -135,13 +135,13 @@ class PrefixScorer:
         total = len(hashes)
         return [d / total for d in self.index.match(hashes, endpoints)]
 
-    def picked(self, req: InferenceRequest, endpoint: EndpointState) -> None:
+    def picked(self, req: InferenceRequest, endpoint: EndpointView) -> None:
         o = self.options
         self.index.record(prefix_hashes(req, o.block_chars, o.block_tokens), endpoint)
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "prefix_affinity",
         PrefixAffinity,
@@ -151,7 +151,7 @@ def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def register_scorers(register) -> None:  # type: ignore[no-untyped-def]
+def register_scorers(register: RegisterScorer) -> None:
     register(
         "prefix",
         PrefixScorer,

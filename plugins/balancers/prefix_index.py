@@ -1,6 +1,6 @@
 """A bounded memory of which endpoints recently served which prompt blocks.
 
-Keys are the block hashes of :func:`shuniu.core.prefix.prefix_hashes`; values are bit masks
+Keys are the block hashes of :func:`shuniu.core.pools.prefix_hashes`; values are bit masks
 of endpoint indexes. The table is an LRU of at most ``max_blocks`` entries, so it cannot
 grow without bound however many distinct prompts pass through (the trap that made other
 routers' prefix trees run out of memory); an evicted block simply stops attracting traffic,
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import EndpointView
 
 __all__ = ["PrefixIndex"]
 
@@ -29,7 +29,7 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._table)
 
-    def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointState]) -> list[int]:
+    def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
         """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
         alive = 0
         for e in endpoints:
@@ -69,7 +69,7 @@ class PrefixIndex:
                 alive ^= bit
         return depth_of
 
-    def record(self, hashes: Sequence[int], endpoint: EndpointState) -> None:
+    def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
         """``endpoint`` now holds these blocks (it was sent the prompt)."""
         if not hashes:
             return
@@ -89,7 +89,7 @@ class PrefixIndex:
             for _ in range(excess):
                 pop(last=False)
 
-    def forget(self, endpoint: EndpointState) -> None:
+    def forget(self, endpoint: EndpointView) -> None:
         """Drop ``endpoint`` from every entry (it restarted and lost its cache). O(table)."""
         clear = ~(1 << endpoint.index)
         table = self._table

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["RandomOptions", "RandomPick"]
@@ -25,7 +25,7 @@ class RandomOptions(Options):
     tests); unset seeds it from the system's entropy."""
 
 
-class RandomPick:
+class RandomPick(Balancer):
     """Picks at random among the candidates, stateless apart from its generator. O(n)
     weighted (one pass to sum the weights, one to find the draw), O(1) uniform."""
 
@@ -38,7 +38,7 @@ class RandomPick:
         # in the process draws from the global one.
         self._random = random.Random(options.seed).random
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n <= 1:
             return endpoints[0] if n else None
@@ -62,7 +62,7 @@ class RandomPick:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "random",
         RandomPick,

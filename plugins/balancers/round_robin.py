@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shuniu.core import hookimpl
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["RoundRobin"]
 
 
-class RoundRobin:
+class RoundRobin(Balancer):
     """Cycles through the candidates. O(1) per pick; ignores load and weights."""
 
     __slots__ = ("_next",)
@@ -19,7 +19,7 @@ class RoundRobin:
     def __init__(self, options: None = None) -> None:
         self._next = 0
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         if not endpoints:
             return None
         i = self._next % len(endpoints)
@@ -28,5 +28,5 @@ class RoundRobin:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register("round_robin", RoundRobin, description="Each request to the next endpoint in turn.")

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_requests import LeastRequests
 from shuniu.plugins.balancers.round_robin import RoundRobin
@@ -57,7 +57,7 @@ def _salt(name: str) -> int:
     return int.from_bytes(blake2b(name.encode(), digest_size=8, person=_SALT_PERSON).digest(), "little")
 
 
-class SessionAffinity:
+class SessionAffinity(Balancer):
     """Weighted rendezvous (highest-random-weight) hashing of the session key over the
     candidates: each candidate scores ``weight / -ln(h)``, with ``h`` in (0, 1) a hash of
     the key and the endpoint's name, and the highest score wins.
@@ -81,7 +81,7 @@ class SessionAffinity:
         # ASGI header names arrive lower-cased; compare against the lower-cased bytes.
         self._header = options.header.lower().encode("latin-1") if options.header else None
         inner = LeastRequests() if options.fallback == "least_requests" else RoundRobin()
-        self._fallback: Callable[[InferenceRequest, Sequence[EndpointState]], EndpointState | None]
+        self._fallback: Callable[[InferenceRequest, Sequence[EndpointView]], EndpointView | None]
         self._fallback = inner.pick
         self._salts: dict[str, int] = {}
 
@@ -99,7 +99,7 @@ class SessionAffinity:
                 return str(raw).encode()
         return None
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         if len(endpoints) <= 1:
             return endpoints[0] if endpoints else None
         key = self.session_key(req)
@@ -144,7 +144,7 @@ class SessionAffinity:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "session_affinity",
         SessionAffinity,

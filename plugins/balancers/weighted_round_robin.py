@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shuniu.core import hookimpl
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["WeightedRoundRobin"]
 
 
-class WeightedRoundRobin:
+class WeightedRoundRobin(Balancer):
     """Smooth weighted round robin: each pick adds every candidate's weight to its current
     weight, takes the candidate with the highest current weight and subtracts the
     candidates' total from it. Over a cycle each endpoint gets exactly its share, and the
@@ -29,9 +29,9 @@ class WeightedRoundRobin:
     def __init__(self, options: None = None) -> None:
         self._current: list[float] = []
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         current = self._current
-        best: EndpointState | None = None
+        best: EndpointView | None = None
         best_weight = 0.0
         total = 0.0
         for e in endpoints:
@@ -53,7 +53,7 @@ class WeightedRoundRobin:
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "weighted_round_robin",
         WeightedRoundRobin,

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
+from shuniu.core.contracts import RegisterCacheStore
 
 __all__ = ["MemoryCache", "MemoryCacheOptions"]
 
@@ -79,7 +80,7 @@ class MemoryCache:
 
 
 @hookimpl
-def register_caches(register) -> None:  # type: ignore[no-untyped-def]
+def register_caches(register: RegisterCacheStore) -> None:
     register(
         "memory",
         MemoryCache,

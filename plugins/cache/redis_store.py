@@ -17,6 +17,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
+from shuniu.core.contracts import RegisterCacheStore
 from shuniu.core.extras import require
 from shuniu.plugins.ratelimit.redis_store import redact_url
 
@@ -133,7 +134,7 @@ class RedisCache:
 
 
 @hookimpl
-def register_caches(register) -> None:  # type: ignore[no-untyped-def]
+def register_caches(register: RegisterCacheStore) -> None:
     register(
         "redis",
         RedisCache,

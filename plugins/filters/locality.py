@@ -9,8 +9,8 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.load import load_score
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import EndpointView, Filter, RegisterFilter
+from shuniu.core.pools.load import load_score
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["Locality", "LocalityOptions"]
@@ -30,7 +30,7 @@ class LocalityOptions(Options):
     spill over only when no local endpoint has a free slot."""
 
 
-class Locality:
+class Locality(Filter):
     """Returns the candidates whose ``labels[label]`` equals ``value``. When there are none
     (every local endpoint is saturated or unhealthy, hence not a candidate, or all of them
     are above ``spill_load``) it returns an empty list, which a composed balancer reads as
@@ -46,7 +46,7 @@ class Locality:
         self._value = options.value
         self._spill = options.spill_load
 
-    def filter(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
+    def filter(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
         label = self._label
         value = self._value
         local = [e for e in endpoints if e.labels.get(label) == value]
@@ -60,7 +60,7 @@ class Locality:
 
 
 @hookimpl
-def register_filters(register) -> None:  # type: ignore[no-untyped-def]
+def register_filters(register: RegisterFilter) -> None:
     register(
         "locality",
         Locality,

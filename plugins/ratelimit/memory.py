@@ -20,7 +20,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.ratelimit import Decision, Lease, Rate
+from shuniu.core.contracts import Decision, Lease, Rate, RegisterRateLimitStore
 from shuniu.plugins.ratelimit.gcra import check, remaining
 
 __all__ = ["MemoryRateLimitOptions", "MemoryRateLimitStore"]
@@ -45,7 +45,7 @@ class MemoryRateLimitOptions(Options):
 
 
 class MemoryRateLimitStore:
-    """The :class:`shuniu.core.ratelimit.RateLimitStore` of one process."""
+    """The :class:`shuniu.core.contracts.RateLimitStore` of one process."""
 
     clock: Callable[[], float]
     """Seconds on a monotonic clock; tests replace it to move time."""
@@ -207,7 +207,7 @@ def _build(options: MemoryRateLimitOptions | None = None) -> MemoryRateLimitStor
 
 
 @hookimpl
-def register_rate_limiters(register) -> None:  # type: ignore[no-untyped-def]
+def register_rate_limiters(register: RegisterRateLimitStore) -> None:
     register(
         "memory",
         _build,

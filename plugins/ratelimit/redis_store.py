@@ -34,8 +34,8 @@ from pydantic import Field, field_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
+from shuniu.core.contracts import Decision, Lease, Rate, RegisterRateLimitStore
 from shuniu.core.extras import require
-from shuniu.core.ratelimit import Decision, Lease, Rate
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def _secrets(url: str) -> list[str]:
 
 
 class RedisRateLimitStore:
-    """The :class:`shuniu.core.ratelimit.RateLimitStore` shared through Redis."""
+    """The :class:`shuniu.core.contracts.RateLimitStore` shared through Redis."""
 
     clock: Callable[[], float]
     """Monotonic seconds, for the retry interval only (the limits use Redis's clock)."""
@@ -483,7 +483,7 @@ def _build(options: RedisRateLimitOptions | None = None) -> RedisRateLimitStore:
 
 
 @hookimpl
-def register_rate_limiters(register) -> None:  # type: ignore[no-untyped-def]
+def register_rate_limiters(register: RegisterRateLimitStore) -> None:
     register(
         "redis",
         _build,

@@ -10,8 +10,8 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
+from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
-from shuniu.core.pool import Pool, Ticket
 from shuniu.core.types import InferenceRequest, Outcome
 
 __all__ = ["FifoOptions", "FifoScheduler"]
@@ -32,7 +32,7 @@ class _Waiter:
         self.future = future
 
 
-class FifoScheduler:
+class FifoScheduler(Scheduler):
     """Dispatches at once while an endpoint has a free slot; otherwise queues in order."""
 
     def __init__(self, options: FifoOptions | None = None) -> None:
@@ -43,7 +43,7 @@ class FifoScheduler:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def admit(self, req: InferenceRequest, pool: Pool) -> Ticket:
+    async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
         loop = asyncio.get_running_loop()
         if not self._queue:
             ticket = pool.try_dispatch(req, loop.time())
@@ -88,10 +88,10 @@ class FifoScheduler:
         if ticket.pool.free(ticket, outcome):
             self._dispatch_pool(ticket.pool)
 
-    def wake(self, pool: Pool) -> None:
+    def wake(self, pool: PoolView) -> None:
         self._dispatch_pool(pool)
 
-    def _dispatch_pool(self, pool: Pool) -> None:
+    def _dispatch_pool(self, pool: PoolView) -> None:
         queue = self._queue
         now = asyncio.get_running_loop().time() if queue else 0.0
         while queue:
@@ -107,7 +107,7 @@ class FifoScheduler:
 
 
 @hookimpl
-def register_schedulers(register) -> None:  # type: ignore[no-untyped-def]
+def register_schedulers(register: RegisterScheduler) -> None:
     register(
         "fifo",
         FifoScheduler,

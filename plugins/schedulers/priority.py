@@ -27,8 +27,8 @@ from pydantic import Field, model_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
+from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
-from shuniu.core.pool import Pool, Ticket
 from shuniu.core.types import InferenceRequest, Outcome
 
 __all__ = ["PriorityOptions", "PriorityScheduler", "TierPolicy"]
@@ -139,7 +139,7 @@ class _Tier:
         self.in_flight = 0
         """Requests of this tier holding a slot (for ``max_share``)."""
 
-    def has_room(self, pool: Pool) -> bool:
+    def has_room(self, pool: PoolView) -> bool:
         """Under ``max_share`` of the pool's current concurrency limits, and leaving
         ``headroom`` of them free."""
         share = self.max_share
@@ -242,7 +242,7 @@ def _retry_after(seconds: float) -> dict[str, str]:
     return {"retry-after": str(max(1, min(_MAX_RETRY_AFTER, math.ceil(seconds))))}
 
 
-class PriorityScheduler:
+class PriorityScheduler(Scheduler):
     """Priority levels from tiers, weighted token-fair queueing of tenants within a level,
     aging, and admission control (queue limits, shedding, predicted waits, deadlines).
 
@@ -271,7 +271,12 @@ class PriorityScheduler:
         self._samples = 0
         self.shed = 0
         self.expired = 0
-        self.rejected: dict[str, int] = {}
+        self._rejected: dict[str, int] = {}
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Refusals since start, by error code."""
+        return self._rejected
 
     @property
     def queued(self) -> int:
@@ -290,7 +295,7 @@ class PriorityScheduler:
 
     # -- admission -------------------------------------------------------------------------
 
-    async def admit(self, req: InferenceRequest, pool: Pool) -> Ticket:
+    async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
         loop = asyncio.get_running_loop()
         now = loop.time()
         tier = self._tiers.get(req.principal.tier, self._default)
@@ -405,7 +410,7 @@ class PriorityScheduler:
             if self._count:
                 self._dispatch(ticket.pool)
 
-    def wake(self, pool: Pool) -> None:
+    def wake(self, pool: PoolView) -> None:
         if self._count:
             self._dispatch(pool)
 
@@ -427,14 +432,14 @@ class PriorityScheduler:
             "rate_samples": self._samples,
             "shed": self.shed,
             "expired": self.expired,
-            "rejected": dict(self.rejected),
+            "rejected": dict(self._rejected),
         }
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _reject(self, err: GatewayError) -> GatewayError:
         code = err.code or str(err.status)
-        self.rejected[code] = self.rejected.get(code, 0) + 1
+        self._rejected[code] = self._rejected.get(code, 0) + 1
         return err
 
     @staticmethod
@@ -466,7 +471,7 @@ class PriorityScheduler:
                 ahead += level.count
         return ahead * self._interval
 
-    def _evict_for(self, prio: int, pool: Pool) -> bool:
+    def _evict_for(self, prio: int, pool: PoolView) -> bool:
         """Make room for a newcomer of priority ``prio`` by displacing the most recent
         waiter of the worst priority, if that is worse than ``prio``."""
         if not self._levels:
@@ -608,7 +613,7 @@ class PriorityScheduler:
             heap[:] = [e for e in heap if e[3].state == _QUEUED]
             heapify(heap)
 
-    def _dispatch(self, pool: Pool) -> None:
+    def _dispatch(self, pool: PoolView) -> None:
         """Give slots to the best waiters while the pool has room for them."""
         now = asyncio.get_running_loop().time()
         heap = self._heap
@@ -697,7 +702,7 @@ class PriorityScheduler:
 
 
 @hookimpl
-def register_schedulers(register) -> None:  # type: ignore[no-untyped-def]
+def register_schedulers(register: RegisterScheduler) -> None:
     register(
         "priority",
         PriorityScheduler,

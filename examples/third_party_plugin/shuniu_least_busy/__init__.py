@@ -12,13 +12,14 @@ under the name a deployment selects with ``balancer: {policy: least_busy}``.
 from __future__ import annotations
 
 from shuniu.core import hookimpl
+from shuniu.core.contracts import RegisterBalancer
 from shuniu_least_busy.balancer import LeastBusy, LeastBusyOptions
 
 __all__ = ["LeastBusy", "LeastBusyOptions", "register_balancers"]
 
 
 @hookimpl
-def register_balancers(register) -> None:  # type: ignore[no-untyped-def]
+def register_balancers(register: RegisterBalancer) -> None:
     register(
         "least_busy",
         LeastBusy,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from shuniu.core.config import Options
-from shuniu.core.pool import EndpointState
+from shuniu.core.contracts import Balancer, EndpointView
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["LeastBusy", "LeastBusyOptions"]
@@ -27,7 +27,7 @@ class LeastBusyOptions(Options):
     earliest one in the model's endpoint order (deterministic; fills endpoints in order)."""
 
 
-class LeastBusy:
+class LeastBusy(Balancer):
     """Picks the candidate endpoint that minimizes ``(in_flight + 1) / weight``.
 
     ``in_flight`` is the number of requests the gateway has dispatched to the endpoint and
@@ -42,7 +42,7 @@ class LeastBusy:
         self.options = options or LeastBusyOptions()
         self._next = 0
 
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointState]) -> EndpointState | None:
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         n = len(endpoints)
         if n == 0:
             return None

@@ -1,0 +1,271 @@
+"""The OpenAI-protocol engine client every OpenAI-compatible backend builds on: chat and
+completions over one pooled keep-alive session, the client's body forwarded as sent (with
+``model`` rewritten, so fields shuniu does not know reach engines that do), usage always
+asked for, the engine's errors mapped, SSE events of any size.
+
+``openai`` registers it as it is; ``vllm``, ``trtllm`` (``trtllm-serve``), ``tgi`` (its
+Messages API) and ``ascend`` subclass it and change the body (:meth:`OpenAIEngine._payload`),
+the error mapping (:meth:`OpenAIEngine._error`), and what they read beside the OpenAI API
+(:meth:`OpenAIEngine.discover`, ``health``, ``load``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import aiohttp
+import msgspec
+
+from shuniu.backends.http.errors import (
+    PROBE_ERRORS,
+    STREAM_BREAKS,
+    ProbeError,
+    describe_error,
+    openai_error,
+    post_or_raise,
+    read_whole,
+    stream_broken,
+)
+from shuniu.backends.http.options import OpenAIOptions
+from shuniu.backends.http.session import end_stream, open_session
+from shuniu.backends.http.sse import SseLines, data_payload
+from shuniu.core.contracts import BackendBase, EndpointSpec
+from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
+
+__all__ = ["OpenAIEngine", "delta_extras"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _Choice(msgspec.Struct):
+    delta: dict[str, Any] | None = None
+    message: dict[str, Any] | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Body(msgspec.Struct):
+    choices: list[_Choice] = msgspec.field(default_factory=list)
+    usage: Usage | None = None
+    error: dict[str, Any] | None = None
+
+
+_decode_body = msgspec.json.Decoder(_Body).decode
+_DROP = frozenset({"role", "content"})
+_DONE = b"[DONE]"
+
+
+def delta_extras(fields: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The fields of a chat message or delta beyond its role and content (``tool_calls``,
+    ``reasoning_content``), passed through to the client; ``None`` when there are none."""
+    if not fields:
+        return None
+    out = {k: v for k, v in fields.items() if k not in _DROP and v is not None and v != []}
+    return out or None
+
+
+class OpenAIEngine(BackendBase):
+    """An OpenAI-compatible server (subclasses set ``kind``)."""
+
+    kind: ClassVar[str] = "openai"
+    discovery: ClassVar[str | None] = None
+    """What :meth:`discover` reads from the engine at start-up, for problem messages (e.g.
+    ``"GET /v1/models"``); ``None``: the backend has no discovery step. Subclasses that set
+    it implement :meth:`discover` and :meth:`_discovery_failed`."""
+
+    def __init__(self, spec: EndpointSpec) -> None:
+        assert isinstance(spec.options, OpenAIOptions)
+        self.name = spec.name
+        self.options = spec.options
+        self.max_model_len = spec.max_model_len
+        self._upstream_model = spec.options.model
+        self._public_model = spec.model
+        self._headers = {"content-type": "application/json", **spec.options.headers}
+        if spec.options.api_key:
+            self._headers["authorization"] = f"Bearer {spec.options.api_key}"
+        base = spec.options.base_url
+        self._urls = {"chat": f"{base}/chat/completions", "completions": f"{base}/completions"}
+        self._session: aiohttp.ClientSession | None = None
+        self._discovered = False
+
+    async def start(self) -> None:
+        opts = self.options
+        self._session = open_session(
+            max_connections=opts.max_connections,
+            timeout_s=opts.timeout_s,
+            connect_timeout_s=opts.connect_timeout_s,
+        )
+        # A server that is not up yet is not an error: health checks keep the endpoint out of
+        # balancing, and backends with a discovery step repeat it once the server answers.
+        self._discovered = False
+        if self.max_model_len is None:
+            self.max_model_len = await self._probe_max_model_len()
+        if self.discovery is not None and not self._discovered:
+            await self._discover_quietly()
+
+    async def discover(self) -> None:
+        """Read what the engine says about itself (see :attr:`discovery`). Raises on transport
+        errors and unusable answers (:class:`ProbeError`)."""
+        raise NotImplementedError
+
+    def _discovery_failed(self, problem: str) -> None:
+        """Keep a failed discovery's reason where the backend's health check reads it."""
+        raise NotImplementedError
+
+    async def _discover_quietly(self) -> None:
+        self._discovered = True
+        try:
+            await self.discover()
+        except ProbeError as exc:
+            self._discovery_failed(str(exc))
+        except PROBE_ERRORS as exc:
+            self._discovery_failed(f"{self.discovery}: {describe_error(exc)}")
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _probe_max_model_len(self) -> int | None:
+        """vLLM and others report ``max_model_len`` in ``/v1/models``; use it if present.
+        A backend with a discovery step reads it there instead."""
+        if self.discovery is not None:
+            await self._discover_quietly()
+            return self.max_model_len
+        try:
+            data = await self._get_json(self.options.health_path, limit_s=2.0)
+        except Exception:
+            return None
+        entries = [
+            e
+            for e in (data.get("data", []) if isinstance(data, dict) else [])
+            if isinstance(e, dict) and isinstance(e.get("max_model_len"), int)
+        ]
+        wanted = self._upstream_model or self._public_model
+        for entry in entries:
+            if entry.get("id") == wanted:
+                return int(entry["max_model_len"])
+        # With one model upstream, that is the one this endpoint serves.
+        return int(entries[0]["max_model_len"]) if len(entries) == 1 else None
+
+    async def _get_json(self, path: str, limit_s: float) -> Any:
+        assert self._session is not None
+        async with self._session.get(
+            self.options.base_url + path,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=limit_s),
+        ) as resp:
+            resp.raise_for_status()
+            return msgspec.json.decode(await resp.read())
+
+    async def health(self) -> Health:
+        if self._session is None:
+            return Health(False, "not started")
+        try:
+            async with self._session.get(
+                self.options.base_url + self.options.health_path,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=self.options.connect_timeout_s),
+            ) as resp:
+                await resp.read()
+                return Health(200 <= resp.status < 300, f"HTTP {resp.status}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return Health(False, f"{type(exc).__name__}: {exc}")
+
+    def _payload(self, req: InferenceRequest, stream: bool) -> bytes:
+        body = dict(req.body)
+        if self._upstream_model is not None:
+            body["model"] = self._upstream_model
+        if stream:
+            body["stream"] = True
+            # Always ask for usage so the gateway can account tokens; it is stripped from the
+            # client's stream unless the client asked for it too.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return _encode(body)
+
+    def _error(self, status: int, raw: bytes) -> GatewayError:
+        """A non-200 answer as the gateway's error (subclasses read their engine's body)."""
+        return openai_error(self.name, status, raw)
+
+    def _request_headers(self, req: InferenceRequest) -> dict[str, str]:
+        """The headers of an engine call: the endpoint's, plus the request's trace context."""
+        return self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
+
+    async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse:
+        return await post_or_raise(
+            self._session,
+            self._urls[req.api],
+            self._payload(req, stream),
+            self._request_headers(req),
+            self.name,
+            self._error,
+        )
+
+    async def complete(self, req: InferenceRequest) -> Completion:
+        resp = await self._post(req, stream=False)
+        raw = await read_whole(resp, self.name)
+        try:
+            body = _decode_body(raw)
+        except msgspec.DecodeError:
+            raise upstream_error(f"The engine endpoint {self.name} sent a malformed response.") from None
+        if not body.choices:
+            raise upstream_error(f"The engine endpoint {self.name} sent no choices.")
+        choice = body.choices[0]
+        if req.api == "chat":
+            message = choice.message or {}
+            text = message.get("content") or ""
+            extra = delta_extras(message)
+        else:
+            text, extra = choice.text or "", None
+        usage = body.usage or Usage(req.prompt_tokens, 0, req.prompt_tokens)
+        return Completion(text, choice.finish_reason, usage, extra)
+
+    def _event_chunk(self, payload: bytes, chat: bool) -> Chunk | None:
+        """One SSE event's JSON (an OpenAI chunk) as a :class:`Chunk`; ``None`` for an event
+        that carries nothing; raises for a malformed event or an error event."""
+        try:
+            body = _decode_body(payload)
+        except msgspec.DecodeError:
+            raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+        if body.error is not None:
+            raise upstream_error(
+                f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"
+            )
+        if not body.choices:
+            return Chunk(usage=body.usage) if body.usage is not None else None
+        choice = body.choices[0]
+        if chat:
+            delta = choice.delta or {}
+            text = delta.get("content") or ""
+            extra = delta_extras(delta)
+        else:
+            text, extra = choice.text or "", None
+        if text or extra or choice.finish_reason is not None or body.usage is not None:
+            return Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+        return None
+
+    async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
+        resp = await self._post(req, stream=True)
+        chat = req.api == "chat"
+        complete = False
+        try:
+            async for line in SseLines(resp.content):
+                payload = data_payload(line)
+                if payload is None:
+                    continue
+                if payload == _DONE:
+                    await resp.read()  # the end of the chunked body, so the connection is reusable
+                    complete = True
+                    return
+                chunk = self._event_chunk(payload, chat)
+                if chunk is not None:
+                    yield chunk
+            # The body ended without [DONE]: the engine stopped mid-answer (a crash, a proxy
+            # cutting the connection). Say so rather than end the stream as if complete.
+            raise upstream_error(f"The engine endpoint {self.name} ended the stream without [DONE].")
+        except STREAM_BREAKS as exc:
+            raise stream_broken(self.name, exc) from None
+        finally:
+            end_stream(resp, complete)

@@ -1,0 +1,55 @@
+"""The balancing contracts: :class:`Balancer` picks one endpoint; a composed balancer is
+built from :class:`Filter` s and weighted :class:`Scorer` s instead.
+
+Where they run: after the scheduler decided a request may start now and some endpoint has a
+free slot, inside :meth:`shuniu.core.pools.Pool.try_dispatch`, with the candidates that are
+healthy, not ejected or draining, under their concurrency limit, of the request's version
+(a canary or pinned one) and not already tried by this request (a retry). All three are
+synchronous, O(endpoints) and do no I/O: they run once per dispatch on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from shuniu.core.contracts.conformance import optional
+from shuniu.core.contracts.views import EndpointView
+from shuniu.core.types import InferenceRequest
+
+__all__ = ["Balancer", "Filter", "Scorer"]
+
+
+@runtime_checkable
+class Balancer(Protocol):
+    """Picks one endpoint for a request. One instance per pool (``balancer.policy``)."""
+
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
+        """Return one of ``endpoints`` (never empty), or ``None`` to let the request wait
+        for another slot."""
+        ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """Narrows the candidates of a composed balancer (``balancer.filters``), in order."""
+
+    def filter(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        """A subset of ``endpoints``. Returning none of them means "no preference": the
+        balancer then keeps them all."""
+        ...
+
+
+class Scorer(Protocol):
+    """Rates candidates for a composed balancer (``balancer.scorers``, each with a weight):
+    the endpoint with the highest weighted sum wins, ties in turn."""
+
+    def score(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        """One score per endpoint, in order, each in 0..1 (higher is better)."""
+        ...
+
+    @optional
+    def picked(self, req: InferenceRequest, endpoint: EndpointView) -> None:
+        """Optional: ``endpoint`` was chosen for ``req`` (a scorer with memory, e.g. of
+        prefixes, records it). The default does nothing."""
+        return None

@@ -1,0 +1,65 @@
+"""The scheduler contract: a pool's queue.
+
+Where it runs: once the request is authenticated, routed to a pool, within its rate limits
+and not answered from the cache, the gateway awaits :meth:`Scheduler.admit`, which returns
+a :class:`~shuniu.core.contracts.views.Ticket` holding an endpoint slot (it calls
+:meth:`~shuniu.core.contracts.views.PoolView.try_dispatch`, which asks the balancer) or
+refuses the request. When the engine call ends the gateway calls :meth:`Scheduler.release`;
+when capacity may have appeared (an endpoint turned healthy, a limit grew, an endpoint
+joined) it calls :meth:`Scheduler.wake`. One instance per pool (``scheduler.policy``).
+
+Subclass :class:`Scheduler` to inherit the defaults of its optional members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from shuniu.core.contracts.conformance import optional
+from shuniu.core.contracts.views import PoolView, Ticket
+from shuniu.core.types import InferenceRequest, Outcome
+
+__all__ = ["Scheduler"]
+
+_NONE: Mapping[str, int] = {}
+
+
+class Scheduler(Protocol):
+    """Owns a pool's queue: decides which waiting request is dispatched next."""
+
+    async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
+        """Wait until the request may start and return its ticket, or raise
+        :class:`shuniu.core.errors.GatewayError` (429/503/504, with ``Retry-After``) to
+        refuse it. A cancelled wait (the client left) must leave no slot held."""
+        ...
+
+    def release(self, ticket: Ticket, outcome: Outcome) -> None:
+        """The request holding ``ticket`` ended: free its slot (``ticket.pool.free``) and
+        dispatch waiters that fit now."""
+        ...
+
+    def wake(self, pool: PoolView) -> None:
+        """Capacity may have appeared; dispatch what fits."""
+        ...
+
+    # -- optional --------------------------------------------------------------------
+
+    @optional
+    def adopt_tiers(self, priorities: Mapping[str, int]) -> None:
+        """Optional: the deployment's tiers and their priorities (``tiers.<t>.priority``),
+        given once at start-up and after a reload. The default ignores them."""
+        return None
+
+    @property
+    @optional
+    def queued(self) -> int | None:
+        """Optional: requests waiting now (``/ready``, ``/metrics``); ``None`` (the
+        default) when the scheduler does not count them."""
+        return None
+
+    @property
+    @optional
+    def rejected(self) -> Mapping[str, int]:
+        """Optional: refusals since start by error code (``/metrics``). Default: none."""
+        return _NONE

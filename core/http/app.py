@@ -1,0 +1,207 @@
+"""The gateway's HTTP application.
+
+The two inference routes are raw ASGI handlers that :class:`Dispatch` calls directly,
+which saves Litestar's routing and per-message send wrappers on every request and every
+streamed chunk. Everything else (models, health, readiness, metrics, the status page, the
+admin API, errors for unknown routes, the lifespan) is ordinary Litestar; Litestar mounts
+the inference handlers too, so both paths behave alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, asgi, get
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+
+from shuniu.core.errors import GatewayError, method_not_allowed, not_found
+from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
+from shuniu.core.observability.hardware import HardwareReadings
+from shuniu.core.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from shuniu.core.observability.metrics import GatewayMetrics
+from shuniu.core.operations import Operations
+from shuniu.core.pipeline.path import RequestPath
+from shuniu.core.state import GatewayState
+from shuniu.core.types import Api
+from shuniu.core.views.admin import admin_routes
+from shuniu.core.views.readiness import endpoint_devices, model_list, readiness
+from shuniu.core.views.status import StatusWindow, status_json
+from shuniu.core.views.status_page import PAGE_CONTENT_TYPE, PAGE_HEADERS, render_page
+
+__all__ = ["Dispatch", "build_app"]
+
+log = logging.getLogger("shuniu.gateway")
+_encode = msgspec.json.Encoder().encode
+
+
+class Dispatch:
+    """The ASGI entry point: the inference routes go straight to the request path;
+    everything else (and the lifespan) is the Litestar app."""
+
+    __slots__ = ("hot", "litestar", "path")
+
+    def __init__(self, path: RequestPath, litestar: Litestar) -> None:
+        self.path = path
+        self.litestar = litestar
+        self.hot: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            api = self.hot.get(scope["path"])
+            if api is not None:
+                try:
+                    await self.path.handle(api, scope, receive, send)
+                except Exception as exc:  # a bug, not a client error: still no traceback out
+                    await internal_error(send, scope, exc)
+                return
+        await self.litestar(scope, receive, send)
+
+
+def build_app(
+    *,
+    path: RequestPath,
+    state: GatewayState,
+    ops: Operations,
+    metrics: GatewayMetrics | None,
+    hardware: HardwareReadings,
+    status: StatusWindow,
+    created: int,
+    extra_routes: Sequence[Any],
+    on_startup: Callable[[], Awaitable[None]],
+    on_shutdown: Callable[[], Awaitable[None]],
+) -> Litestar:
+    """The Litestar app of one gateway. ``extra_routes`` are more route handlers to serve
+    (the simulator server's ``/metrics``, which then replaces the gateway's own)."""
+
+    @asgi("/v1/chat/completions", copy_scope=False)
+    async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+        await path.handle("chat", scope, receive, send)
+
+    @asgi("/v1/completions", copy_scope=False)
+    async def completions(scope: Scope, receive: Receive, send: Send) -> None:
+        await path.handle("completions", scope, receive, send)
+
+    @get("/v1/models", sync_to_thread=False)
+    def models(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return _json_response(request, 200, model_list(state, created))
+
+    @get("/health", sync_to_thread=False)
+    def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return _json_response(request, 200, {"status": "ok"})
+
+    @get("/ready")
+    async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+        ok, body = readiness(state, await endpoint_devices(state))
+        return _json_response(request, 200 if ok else 503, body)
+
+    @get("/metrics", include_in_schema=False)
+    async def metrics_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+        assert metrics is not None
+        if state.config.gateway.metrics_hardware:
+            await hardware.snapshot()
+        return Response(metrics.render(), status_code=200, media_type=METRICS_CONTENT_TYPE)
+
+    def refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
+        """A 401 when authentication is on and the request has no valid credential."""
+        auth = state.tenancy.auth
+        if auth:
+            try:
+                auth.authenticate(request.scope["headers"])
+            except GatewayError as err:
+                return _bytes_response(request, err.status, err.body(), err.headers)
+        return None
+
+    @get("/admin/hardware")
+    async def hardware_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (answer := refused(request)) is not None:
+            return answer
+        return _bytes_response(request, 200, await hardware.snapshot())
+
+    status_body = render_page().encode()
+
+    @get("/", sync_to_thread=False, include_in_schema=False)
+    def root(request: Request[Any, Any, Any]) -> Response[bytes]:
+        # Relative, so the page is found behind a proxy that serves the gateway under a prefix.
+        return Response(b"", status_code=302, media_type="text/plain", headers={"location": "status"})
+
+    @get("/status", sync_to_thread=False, include_in_schema=False)
+    def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+        # The page is a static shell: the data comes from /status.json, with the user's key.
+        return Response(status_body, status_code=200, media_type=PAGE_CONTENT_TYPE, headers=PAGE_HEADERS)
+
+    @get("/status.json", include_in_schema=False)
+    async def status_data(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (answer := refused(request)) is not None:
+            return answer
+        ok, body = readiness(state)
+        data = status_json(ok, body, status, auth=state.auth_enabled)
+        return _bytes_response(request, 200, _encode(data), {"cache-control": "no-store"})
+
+    # A server that brings its own /metrics (the simulator's fake vLLM) keeps it.
+    own_metrics = any("/metrics" in getattr(h, "paths", ()) for h in extra_routes)
+    return Litestar(
+        route_handlers=[
+            chat_completions,
+            completions,
+            models,
+            health,
+            ready,
+            hardware_page,
+            root,
+            status_page,
+            status_data,
+            *([metrics_page] if metrics is not None and not own_metrics else []),
+            *admin_routes(state, ops),
+            *extra_routes,
+        ],
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        on_startup=[on_startup],
+        on_shutdown=[on_shutdown],
+        openapi_config=None,
+        debug=False,
+        logging_config=None,
+    )
+
+
+async def internal_error(send: Send, scope: Scope, exc: Exception) -> None:
+    """A 500 for a bug on the request path: logged with its traceback, none sent out."""
+    log.error("unexpected error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+    err = GatewayError(500, "The gateway hit an internal error.", type="server_error", code="internal_error")
+    try:
+        await send_error(send, err, new_request_id(scope))
+    except Exception:  # the response had already started; the connection will be closed
+        pass
+
+
+def _json_response(request: Request[Any, Any, Any], status: int, payload: Any) -> Response[bytes]:
+    return _bytes_response(request, status, _encode(payload))
+
+
+def _bytes_response(
+    request: Request[Any, Any, Any], status: int, body: bytes, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    return Response(
+        body,
+        status_code=status,
+        media_type="application/json",
+        headers={**(headers or {}), "x-request-id": new_request_id(request.scope)},
+    )
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if isinstance(exc, NotFoundException):
+        err = not_found(request.url.path)
+    elif isinstance(exc, MethodNotAllowedException):
+        err = method_not_allowed(request.method, request.url.path)
+    else:
+        err = GatewayError(exc.status_code, str(exc.detail), code="http_error")
+    return _bytes_response(request, err.status, err.body(), err.headers)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
+    err = GatewayError(500, "The gateway hit an internal error.", type="server_error", code="internal_error")
+    return _bytes_response(request, 500, err.body())

@@ -1,0 +1,477 @@
+"""The gateway's Prometheus metrics (``GET /metrics``).
+
+Two kinds, chosen so the request path pays as little as possible:
+
+- **Per request**, updated by an observer once the request has ended (one dictionary
+  lookup per metric for the label set, then an increment or an observation): request
+  counts, latency histograms (end-to-end, time to first token, inter-token latency, queue
+  wait) and token counters.
+- **Live state**, read only when Prometheus scrapes: in-flight and queued requests,
+  endpoint health and limits, each engine's reported load, managed engines, scheduler
+  refusals, the response cache, and the hardware probes' readings. Nothing on the request
+  path updates these.
+
+Labels are bounded by the deployment: model (the pool's own name), endpoint, tier, status
+code, outcome and error code (codes the gateway itself produces, anything else is
+``other``). No per-request, per-tenant or per-key label.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from shuniu.core.observability.hardware import HardwareReadings
+from shuniu.core.state import StateView
+from shuniu.core.types import RequestRecord
+from shuniu.core.version import __version__
+
+__all__ = ["CONTENT_TYPE", "KNOWN_CODES", "GatewayMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The `*_created` series double the page and nothing here uses them (prometheus_client only
+# offers a process-wide switch).
+disable_created_metrics()
+
+# Buckets for LLM latencies: a first token in 10 ms .. a minute; whole answers up to 10 min.
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1,
+    2,
+)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
+
+KNOWN_CODES = frozenset(
+    {
+        "invalid_json",
+        "missing_required_parameter",
+        "invalid_type",
+        "invalid_value",
+        "empty_array",
+        "unsupported_value",
+        "context_length_exceeded",
+        "model_not_found",
+        "request_too_large",
+        "headers_too_large",
+        "too_many_messages",
+        "prompt_too_long",
+        "max_tokens_exceeded",
+        "missing_api_key",
+        "invalid_api_key",
+        "unknown_tier",
+        "invalid_version",
+        "rate_limit_exceeded",
+        "rate_limiter_unavailable",
+        "queue_full",
+        "queue_wait_exceeded",
+        "queue_timeout",
+        "shed",
+        "deadline_exceeded",
+        "no_healthy_endpoint",
+        "upstream_error",
+        "internal_error",
+        "ttft_timeout",
+        "idle_timeout",
+        "request_timeout",
+        "overloaded",
+    }
+)
+"""Error codes used as label values; an engine's own codes are reported as ``other``."""
+
+
+class _Hist:
+    """A histogram's buckets as plain counters: ``observe`` is a bisect and two adds (no
+    lock: everything runs on the event loop); exported at scrape time."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out = []
+        total = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            total += count
+            out.append((floatToGoString(bound), total))
+        out.append(("+Inf", total + self.counts[-1]))
+        return out
+
+
+class _HistFamily:
+    __slots__ = ("bounds", "doc", "labels", "name", "series")
+
+    def __init__(self, name: str, doc: str, labels: list[str], bounds: tuple[float, ...]) -> None:
+        self.name, self.doc, self.labels, self.bounds = name, doc, labels, bounds
+        self.series: dict[tuple[str, ...], _Hist] = {}
+
+    def get(self, key: tuple[str, ...]) -> _Hist:
+        h = self.series.get(key)
+        if h is None:
+            h = self.series[key] = _Hist(self.bounds)
+        return h
+
+    def family(self) -> HistogramMetricFamily:
+        f = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, h in self.series.items():
+            f.add_metric(list(key), h.buckets(), h.sum)
+        return f
+
+
+class _CounterFamily:
+    __slots__ = ("doc", "labels", "name", "series")
+
+    def __init__(self, name: str, doc: str, labels: list[str]) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
+        self.series: dict[tuple[str, ...], float] = {}
+
+    def inc(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        self.series[key] = self.series.get(key, 0.0) + amount
+
+    def family(self) -> CounterMetricFamily:
+        f = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, value in self.series.items():
+            f.add_metric(list(key), value)
+        return f
+
+
+class GatewayMetrics:
+    """The metrics of one gateway: its own registry, an observer, and a live collector.
+
+    The per-request metrics are plain dictionaries of counters and bucket arrays (about a
+    microsecond per request), turned into Prometheus families only when scraped:
+    prometheus_client's own metric objects cost ~15 µs per request here (a lock and label
+    handling per update)."""
+
+    def __init__(self, view: StateView, hardware: HardwareReadings) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = _CounterFamily(
+            "shuniu_requests",
+            "Requests finished, by model, endpoint, tier, HTTP status, outcome and error code.",
+            ["model", "endpoint", "tier", "status", "outcome", "code"],
+        )
+        self.e2e = _HistFamily(
+            "shuniu_request_duration_seconds",
+            "Time from arrival to the last byte, of requests that reached an engine or the cache.",
+            ["model", "tier", "stream"],
+            _E2E_BUCKETS,
+        )
+        self.ttft = _HistFamily(
+            "shuniu_time_to_first_token_seconds",
+            "Time from arrival to the first streamed token (streamed requests).",
+            ["model", "tier"],
+            _TTFT_BUCKETS,
+        )
+        self.itl = _HistFamily(
+            "shuniu_inter_token_latency_seconds",
+            "Mean gap between the tokens of a streamed answer, observed once per request.",
+            ["model", "tier"],
+            _ITL_BUCKETS,
+        )
+        self.queue = _HistFamily(
+            "shuniu_queue_wait_seconds",
+            "Time from arrival to being given an endpoint (admitted requests).",
+            ["model", "tier"],
+            _QUEUE_BUCKETS,
+        )
+        self.prompt_tokens = _CounterFamily(
+            "shuniu_prompt_tokens", "Prompt tokens of finished requests.", ["model", "tier"]
+        )
+        self.completion_tokens = _CounterFamily(
+            "shuniu_completion_tokens", "Completion tokens of finished requests.", ["model", "tier"]
+        )
+        self.cached_tokens = _CounterFamily(
+            "shuniu_cached_tokens",
+            "Prompt plus completion tokens of answers served from the response cache.",
+            ["model", "tier"],
+        )
+        self.registry.register(_RequestCollector(self))
+        self.registry.register(_LiveCollector(view, hardware))
+        self._status: dict[int, str] = {}
+
+    def observe(self, record: RequestRecord) -> None:
+        """The ``request_finished`` observer."""
+        model = record.pool or ""
+        tier = record.principal.tier
+        code = record.error_code or ""
+        if code and code not in KNOWN_CODES:
+            code = "other"
+        status = self._status.get(record.status)
+        if status is None:
+            status = self._status[record.status] = str(record.status)
+        self.requests.inc((model, record.endpoint or "", tier, status, record.outcome.value, code))
+        if not model:
+            return
+        mt = (model, tier)
+        if record.prompt_tokens:
+            self.prompt_tokens.inc(mt, record.prompt_tokens)
+        if record.completion_tokens:
+            self.completion_tokens.inc(mt, record.completion_tokens)
+        if record.cached:
+            self.cached_tokens.inc(mt, record.prompt_tokens + record.completion_tokens)
+        admitted = record.admitted
+        if admitted is not None:
+            self.queue.get(mt).observe(max(0.0, admitted - record.arrival))
+        first = record.first_token
+        if first is None:
+            return
+        self.e2e.get((model, tier, "true" if record.stream else "false")).observe(
+            record.finished - record.arrival
+        )
+        if record.stream:
+            self.ttft.get(mt).observe(first - record.arrival)
+            if record.completion_tokens > 1 and record.status == 200:
+                gap = (record.finished - first) / (record.completion_tokens - 1)
+                self.itl.get(mt).observe(gap)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _RequestCollector(Collector):
+    """The per-request families, exported from :class:`GatewayMetrics`' plain counters."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        m = self.m
+        for family in (
+            m.requests,
+            m.e2e,
+            m.ttft,
+            m.itl,
+            m.queue,
+            m.prompt_tokens,
+            m.completion_tokens,
+            m.cached_tokens,
+        ):
+            yield family.family()
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class _LiveCollector(Collector):
+    """Reads the gateway's state at scrape time."""
+
+    def __init__(self, view: StateView, hardware: HardwareReadings) -> None:
+        self.view = view
+        self.hardware = hardware
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the metric set depends on what the deployment uses
+
+    def collect(self) -> Iterable[Metric]:
+        gw = self.view
+        info = _gauge("shuniu_build_info", "The shuniu version serving (value 1).", ["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        ep = ["model", "endpoint"]
+        in_flight = _gauge(
+            "shuniu_in_flight_requests", "Requests dispatched to an endpoint, not finished.", ep
+        )
+        in_flight_tokens = _gauge(
+            "shuniu_in_flight_tokens", "Prompt plus expected output tokens of in-flight requests.", ep
+        )
+        limit = _gauge(
+            "shuniu_endpoint_concurrency_limit", "The endpoint's current concurrency limit (0: none).", ep
+        )
+        healthy = _gauge("shuniu_endpoint_healthy", "1 while the endpoint is in balancing, else 0.", ep)
+        completed = CounterMetricFamily(
+            "shuniu_endpoint_completed", "Requests the endpoint finished.", labels=ep
+        )
+        errors = CounterMetricFamily(
+            "shuniu_endpoint_errors", "Requests that failed on the endpoint.", labels=ep
+        )
+        queued = _gauge("shuniu_queued_requests", "Requests waiting in the model's queue.", ["model"])
+        running = _gauge("shuniu_engine_running_requests", "Requests the engine reports running.", ep)
+        waiting = _gauge("shuniu_engine_waiting_requests", "Requests the engine reports waiting.", ep)
+        kv = _gauge("shuniu_engine_kv_cache_usage_ratio", "KV-cache use the engine reports, 0..1.", ep)
+        pq = CounterMetricFamily(
+            "shuniu_engine_prefix_cache_queries", "Engine prefix-cache queries (tokens).", labels=ep
+        )
+        ph = CounterMetricFamily(
+            "shuniu_engine_prefix_cache_hits", "Engine prefix-cache hits (tokens).", labels=ep
+        )
+        weight = _gauge(
+            "shuniu_engine_load_freshness",
+            "How much the engine's last load report still counts (1 fresh, 0 stale).",
+            ep,
+        )
+        rejected = CounterMetricFamily(
+            "shuniu_scheduler_rejected",
+            "Requests the scheduler refused, by error code.",
+            labels=["model", "code"],
+        )
+        ejected = _gauge("shuniu_endpoint_ejected", "1 while outlier detection keeps the endpoint out.", ep)
+        ejections = CounterMetricFamily(
+            "shuniu_endpoint_ejections", "Times outlier detection ejected the endpoint.", labels=ep
+        )
+        retries = CounterMetricFamily(
+            "shuniu_retries",
+            "Attempts on another endpoint or the fallback model, by the error that caused them.",
+            labels=["model", "reason"],
+        )
+        for name, pool in gw.pools.items():
+            q = pool.scheduler.queued
+            if q is not None:
+                queued.add_metric([name], q)
+            for code, count in pool.scheduler.rejected.items():
+                rejected.add_metric([name, code], count)
+            res = gw.resilience.get(name)
+            if res is not None:
+                for reason, count in res.retries_by_reason.items():
+                    retries.add_metric([name, reason if reason in KNOWN_CODES else "other"], count)
+            for e in pool.endpoints:
+                labels = [name, e.name]
+                in_flight.add_metric(labels, e.in_flight)
+                in_flight_tokens.add_metric(labels, e.in_flight_tokens)
+                limit.add_metric(labels, e.limit or 0)
+                healthy.add_metric(labels, 1 if e.healthy else 0)
+                ejected.add_metric(labels, 1 if e.ejected else 0)
+                ejections.add_metric(labels, e.ejections)
+                completed.add_metric(labels, e.completed)
+                errors.add_metric(labels, e.errors)
+                load = e.load
+                weight.add_metric(labels, e.load_weight)
+                if load is not None:
+                    running.add_metric(labels, load.running)
+                    waiting.add_metric(labels, load.waiting)
+                    if load.kv_usage is not None:
+                        kv.add_metric(labels, load.kv_usage)
+                    if load.prefix_queries is not None:
+                        pq.add_metric(labels, load.prefix_queries)
+                    if load.prefix_hits is not None:
+                        ph.add_metric(labels, load.prefix_hits)
+        yield from (in_flight, in_flight_tokens, limit, healthy, completed, errors, queued)
+        yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries)
+        yield from self._degradation()
+        yield from self._engines()
+        yield from self._cache()
+        yield from self._hardware()
+
+    def _degradation(self) -> Iterable[Metric]:
+        monitor = self.view.overload
+        count = CounterMetricFamily(
+            "shuniu_degraded_requests",
+            "Requests a tier's overload degradation changed, by action (max_tokens, route, shed).",
+            labels=["model", "tier", "action"],
+        )
+        for (model, tier, action), n in monitor.degraded_requests.items():
+            count.add_metric([model, tier, action], n)
+        state = _gauge(
+            "shuniu_tier_degraded", "1 while the tier is degraded on the model.", ["model", "tier"]
+        )
+        for model, tier in monitor.degraded_pairs:
+            state.add_metric([model, tier], 1)
+        yield count
+        yield state
+
+    def _engines(self) -> Iterable[Metric]:
+        engines = self.view.engines
+        if not engines:
+            return
+        up = _gauge("shuniu_managed_engine_up", "1 while a launched engine process is ready.", ["endpoint"])
+        restarts = CounterMetricFamily(
+            "shuniu_managed_engine_restarts", "Restarts of a launched engine.", labels=["endpoint"]
+        )
+        for name, engine in engines.items():
+            snap = engine.snapshot()
+            up.add_metric([name], 1 if snap.get("state") == "ready" else 0)
+            restarts.add_metric([name], snap.get("restarts", 0) or 0)
+        yield up
+        yield restarts
+
+    def _cache(self) -> Iterable[Metric]:
+        cache = self.view.cache
+        if cache is None:
+            return
+        for name, value, doc in (
+            ("shuniu_cache_hits", cache.hits, "Requests answered from the response cache."),
+            (
+                "shuniu_cache_misses",
+                cache.misses,
+                "Cacheable requests that asked an engine and filled the cache.",
+            ),
+            (
+                "shuniu_cache_coalesced",
+                cache.coalesced,
+                "Misses answered by a concurrent identical request's fill.",
+            ),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+
+    def _hardware(self) -> Iterable[Metric]:
+        snapshot = self.hardware.readings
+        if not snapshot:
+            return
+        labels = ["kind", "device", "name", "uuid"]
+        fields: list[tuple[str, str, Callable[[dict[str, Any]], Any]]] = [
+            (
+                "shuniu_device_memory_used_bytes",
+                "Device memory in use.",
+                lambda d: d.get("memory_used_bytes"),
+            ),
+            ("shuniu_device_memory_total_bytes", "Device memory.", lambda d: d.get("memory_total_bytes")),
+            (
+                "shuniu_device_utilization_ratio",
+                "Device busy fraction, 0..1.",
+                lambda d: d.get("utilization"),
+            ),
+            ("shuniu_device_temperature_celsius", "Device temperature.", lambda d: d.get("temperature_c")),
+            ("shuniu_device_power_watts", "Device power draw.", lambda d: d.get("power_w")),
+        ]
+        families = [(_gauge(n, doc, labels), get) for n, doc, get in fields]
+        for probe in snapshot.get("probes", []):
+            if not probe.get("available"):
+                continue
+            for d in probe.get("devices", []):
+                key = [
+                    str(d.get("kind", probe.get("probe"))),
+                    str(d.get("index")),
+                    str(d.get("name", "")),
+                    str(d.get("uuid") or ""),  # joins with DCGM's UUID label
+                ]
+                for family, get in families:
+                    value = get(d)
+                    if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                        family.add_metric(key, float(value))
+        for family, _ in families:
+            yield family

@@ -1,0 +1,158 @@
+"""Delivery: from an engine call's first output to the client's last byte.
+
+A non-streamed answer is one JSON response. A streamed one is SSE: the head, every chunk
+as it comes, and ``data: [DONE]``; an idle or total timeout (one re-armed timer per
+stream) or an engine failure after the first byte ends the stream with an SSE error event
+and ``[DONE]``, since the status line was already sent. Either way the slot is released and
+the usage recorded once the engine call is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from shuniu.core.api.openai import StreamEncoder, encode_completion
+from shuniu.core.config import TimeoutsConfig
+from shuniu.core.errors import GatewayError
+from shuniu.core.http.asgi import Send, send_json
+from shuniu.core.pipeline.attempts import Attempts, Opened, backend_failure, close_stream
+from shuniu.core.pipeline.recording import Progress
+from shuniu.core.pipeline.response_cache import Filler
+from shuniu.core.pools.resilience import Watchdog
+from shuniu.core.types import Chunk, Completion, InferenceRequest, Outcome
+
+__all__ = ["SSE_HEADERS", "send_completion", "send_stream"]
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def send_completion(
+    attempts: Attempts,
+    opened: Opened,
+    req: InferenceRequest,
+    send: Send,
+    loop: asyncio.AbstractEventLoop,
+    progress: Progress,
+    extra: list[tuple[bytes, bytes]],
+    filler: Filler | None,
+) -> None:
+    """A whole answer as one JSON response (the slot is released first: the engine is done)."""
+    attempts.attempt_over(opened.ticket, Outcome.OK, progress)
+    opened.resilience.succeeded(opened.endpoint, loop.time())
+    result = opened.first
+    assert isinstance(result, Completion)
+    progress.first_token = loop.time()
+    progress.prompt_tokens = result.usage.prompt_tokens
+    progress.completion_tokens = result.usage.completion_tokens
+    progress.finish_reason = result.finish_reason
+    if filler is not None:
+        filler.completion(result)
+    await send_json(send, 200, encode_completion(req, result), req.id, raw_headers=extra)
+
+
+async def send_stream(
+    attempts: Attempts,
+    opened: Opened,
+    req: InferenceRequest,
+    send: Send,
+    loop: asyncio.AbstractEventLoop,
+    progress: Progress,
+    extra: list[tuple[bytes, bytes]],
+    filler: Filler | None,
+) -> None:
+    """The stream as SSE, from its first chunk to ``[DONE]`` (or an error event)."""
+    gen = opened.stream
+    assert gen is not None
+    first = cast(Chunk | None, opened.first)  # a stream's first output is a chunk
+    res = opened.resilience
+    endpoint = opened.endpoint
+    encoder = StreamEncoder(req)
+    outcome = Outcome.ERROR
+    timeouts = res.timeouts
+    deadline = req.arrival + timeouts.total_s if timeouts.total_s is not None else None
+    dog = Watchdog(loop, timeouts.idle_s, deadline) if timeouts.idle_s is not None or deadline else None
+    try:
+        progress.first_token = loop.time()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*SSE_HEADERS, (b"x-request-id", req.id.encode()), *extra],
+            }
+        )
+        head = encoder.start()
+        if first is not None:
+            head += encoder.chunk(first)
+            await send({"type": "http.response.body", "body": head, "more_body": True})
+            if filler is not None:
+                filler.chunk(first)
+            async for chunk in gen:
+                if dog is not None:
+                    dog.last = loop.time()
+                if filler is not None:
+                    filler.chunk(chunk)
+                data = encoder.chunk(chunk)
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+        elif head:
+            await send({"type": "http.response.body", "body": head, "more_body": True})
+        outcome = Outcome.OK
+        if dog is not None:
+            dog.stop()
+        await send({"type": "http.response.body", "body": encoder.end(), "more_body": False})
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if dog is None or dog.fired is None or task is None or task.uncancel() > 0:
+            outcome = Outcome.CANCELLED
+            raise
+        # The watchdog's cancellation, not the client's: end the stream with an error.
+        err = stream_timeout(dog.fired, timeouts)
+        progress.fail(err)
+        progress.status = 200
+        await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+        res.failed(endpoint, loop.time())
+    except Exception as exc:
+        if not isinstance(exc, GatewayError) or exc.status >= 500:
+            await attempts.engine_suspect(endpoint)
+            res.failed(endpoint, loop.time())
+        err = exc if isinstance(exc, GatewayError) else backend_failure(endpoint, exc)
+        progress.fail(err)
+        progress.status = 200
+        await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+    else:
+        res.succeeded(endpoint, loop.time())
+    finally:
+        if dog is not None:
+            dog.stop()
+        try:
+            await close_stream(gen)
+        finally:
+            attempts.attempt_over(opened.ticket, outcome, progress)
+            usage = encoder.final_usage()
+            progress.prompt_tokens = usage.prompt_tokens
+            progress.completion_tokens = usage.completion_tokens
+            progress.finish_reason = encoder.finish_reason
+            if filler is not None and filler.usage is None:
+                filler.usage = usage
+
+
+def stream_timeout(kind: str, timeouts: TimeoutsConfig) -> GatewayError:
+    """The error event that ends a stream that went quiet (``idle``) or ran out of time."""
+    if kind == "idle":
+        return GatewayError(
+            504,
+            f"The engine sent nothing for {timeouts.idle_s:g} s; the stream was ended.",
+            type="timeout_error",
+            code="idle_timeout",
+        )
+    return GatewayError(
+        504,
+        f"The request did not finish within {timeouts.total_s:g} s; the stream was ended.",
+        type="timeout_error",
+        code="request_timeout",
+    )

@@ -1,0 +1,79 @@
+"""Identity and tenancy on the request path: the credential (checked before the body is
+read), the tier's rules once the model is known, and the rate limits (taken after routing,
+settled with the real usage when the request ends). Each step costs nothing when the
+deployment does not use it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shuniu.core.errors import GatewayError
+from shuniu.core.observability.tracing import RequestTrace
+from shuniu.core.pipeline.recording import Progress
+from shuniu.core.pools.pool import Pool
+from shuniu.core.tenancy.tenancy import Admission, Tenancy, Tier
+from shuniu.core.types import InferenceRequest, Principal
+
+__all__ = ["acquire", "authenticate", "check_tier", "settle"]
+
+log = logging.getLogger("shuniu.gateway")
+
+
+def authenticate(tenancy: Tenancy, headers: Any, trace: RequestTrace | None) -> Principal | None:
+    """The caller's principal (401 without a valid credential), or ``None`` on an open
+    gateway."""
+    if not tenancy.auth:
+        return None
+    if trace is None:
+        return tenancy.auth.authenticate(headers)
+    span = trace.child("shuniu.auth")
+    try:
+        principal = tenancy.auth.authenticate(headers)
+        span.set_attribute("shuniu.key_id", principal.key_id or "")
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()
+    return principal
+
+
+def check_tier(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> Tier | None:
+    """The caller's tier, with its rules applied to ``req`` (models it may use, its
+    ``max_tokens`` default and limit, its prompt limit); ``None`` when the deployment has
+    neither tiers nor authentication."""
+    if not tenancy.checks_tier:
+        return None
+    tier = tenancy.tier_of(req.principal)
+    tenancy.check(req, tier, pool.name)
+    return tier
+
+
+async def acquire(
+    tenancy: Tenancy, req: InferenceRequest, tier: Tier | None, trace: RequestTrace | None
+) -> Admission | None:
+    """The request's hold on its rate limits (429 when one refuses), or ``None`` when no
+    limit applies."""
+    acquiring = tenancy.acquire(req, tier or tenancy.tiers["default"])
+    if trace is None:
+        return await acquiring
+    span = trace.child("shuniu.rate_limit")
+    try:
+        return await acquiring
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()
+
+
+async def settle(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:
+    """Give back the unused part of the token reservation, and the leases."""
+    # A cached answer cost the engines nothing: its whole token reservation goes back.
+    used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
+    try:
+        await tenancy.settle(admission, used)
+    except Exception:
+        log.exception("settling rate limits failed")

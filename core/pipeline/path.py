@@ -1,0 +1,172 @@
+"""The request path: one inference request from raw ASGI to the last byte, stage by stage.
+
+:meth:`RequestPath.handle` reads top to bottom as the request meets the stages:
+
+1. **intake** (:mod:`.intake`): method, header size; the credential first
+   (**identity**, :mod:`.identity`), then the body, parsed and size-checked;
+2. **routing** (:mod:`.routing`): the model, the shuniu headers, the tier's rules,
+   degradation, routing rules, the version split, the context window;
+3. **rate limits** (:mod:`.identity`), taken for the whole request;
+4. **the response cache** (:mod:`.cache_step`): answered here, or noted to fill;
+5. **admission and attempts** (:mod:`.attempts`): the scheduler's slot and the engine's
+   first output, retried elsewhere before it;
+6. **delivery** (:mod:`.delivery`): JSON, or the stream to ``[DONE]``;
+7. **recording** (:mod:`.recording`): rate limits settled, cache filled, observers told.
+
+A client error anywhere before delivery is an OpenAI-style JSON error; a client that
+leaves cancels the engine call (:mod:`.disconnect`). No plugin hook is called through
+pluggy here and nothing is logged at INFO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from shuniu.core.errors import GatewayError, method_not_allowed
+from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
+from shuniu.core.observability.tracing import RequestTrace, Tracing
+from shuniu.core.pipeline import cache_step, identity, routing
+from shuniu.core.pipeline.attempts import Attempts
+from shuniu.core.pipeline.delivery import send_completion, send_stream
+from shuniu.core.pipeline.disconnect import Disconnect
+from shuniu.core.pipeline.intake import Intake
+from shuniu.core.pipeline.recording import Progress, Recorder
+from shuniu.core.pipeline.response_cache import Filler
+from shuniu.core.pools.pool import Pool
+from shuniu.core.state import GatewayState
+from shuniu.core.tenancy.tenancy import Admission, Tier
+from shuniu.core.types import Api, InferenceRequest, Outcome
+
+__all__ = ["RequestPath"]
+
+T = TypeVar("T")
+
+
+async def _traced(trace: RequestTrace, name: str, step: Awaitable[T]) -> T:
+    """Await ``step`` inside a child span ``name`` of the request's trace."""
+    span = trace.child(name)
+    try:
+        return await step
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()
+
+
+class RequestPath:
+    """The stages of one gateway, run in order for each inference request."""
+
+    __slots__ = ("attempts", "intake", "recorder", "state", "tracing")
+
+    def __init__(
+        self, state: GatewayState, intake: Intake, recorder: Recorder, tracing: Tracing | None
+    ) -> None:
+        self.state = state
+        self.intake = intake
+        self.recorder = recorder
+        self.tracing = tracing
+        self.attempts = Attempts(state)
+
+    async def handle(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+        """One inference request, from raw ASGI to the last byte."""
+        request_id = new_request_id(scope)
+        loop = asyncio.get_running_loop()
+        if scope["method"] != "POST":
+            await send_error(send, method_not_allowed(scope["method"], scope["path"]), request_id)
+            return
+        arrival = loop.time()
+        state = self.state
+        tenancy = state.tenancy
+        headers = scope["headers"]
+        trace = self.tracing.start(api, headers, time.time_ns()) if self.tracing is not None else None
+        req: InferenceRequest | None = None
+        tier: Tier | None = None
+        degraded: bytes | None = None
+        try:
+            # Intake, with the credential first: an unauthenticated client's body is never read.
+            if headers:
+                self.intake.check_headers(headers)
+            principal = identity.authenticate(tenancy, headers, trace)
+            req = await self.intake.read(api, scope, receive, request_id, arrival)
+            if principal is not None:
+                req.principal = principal
+            if trace is not None:
+                trace.request(req)
+            self.intake.check_size(req)
+            # Routing: the model, the shuniu headers, the tier's rules, degradation, rules.
+            pool = routing.lookup(state.routes, req)
+            if headers:
+                self.intake.apply_headers(req, headers, arrival, tenancy.identity_headers)
+            tier = identity.check_tier(tenancy, req, pool)
+            pool, degraded = routing.route(req, tier, pool, state.pools, state.router, state.overload)
+        except GatewayError as err:
+            await send_error(send, err, request_id)
+            self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
+            return
+        await self._serve(req, pool, tier, degraded, receive, send, loop, Progress(pool.name, trace))
+
+    async def _serve(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        tier: Tier | None,
+        degraded: bytes | None,
+        receive: Receive,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        progress: Progress,
+    ) -> None:
+        """A routed request: rate limits, the cache, the engine, and the record at the end."""
+        tenancy = self.state.tenancy
+        trace = progress.trace
+        watch = Disconnect()
+        watch.start(receive)
+        admission: Admission | None = None
+        cache = self.state.cache
+        cache_key: str | None = None
+        filler: Filler | None = None
+        try:
+            extra: list[tuple[bytes, bytes]] = [] if degraded is None else [(b"x-shuniu-degraded", degraded)]
+            if tenancy.store is not None:
+                try:
+                    admission = await identity.acquire(tenancy, req, tier, trace)
+                except GatewayError as err:
+                    progress.fail(err)
+                    await send_error(send, err, req.id)
+                    return
+                if admission is not None:
+                    extra = [*extra, *admission.headers] if extra else admission.headers
+            if cache is not None:
+                lookup = cache_step.lookup(cache, req, pool, tier, extra, send, loop, progress)
+                cache_key, filler, cache_state = await (
+                    lookup if trace is None else _traced(trace, "shuniu.cache", lookup)
+                )
+                if cache_state is cache_step.HIT:
+                    return
+                extra = [*extra, (b"x-shuniu-cache", cache_state)]
+            opened = await self.attempts.open(req, pool, send, loop, progress, extra)
+            if opened is None:
+                return
+            if req.stream:
+                await send_stream(self.attempts, opened, req, send, loop, progress, extra, filler)
+            else:
+                await send_completion(self.attempts, opened, req, send, loop, progress, extra, filler)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            progress.outcome = Outcome.CANCELLED
+            progress.status = 499
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+        finally:
+            watch.stop()
+            if cache_key is not None and filler is not None and cache is not None:
+                await cache_step.finish(cache, cache_key, req, progress, filler)
+            if admission is not None:
+                await identity.settle(tenancy, admission, progress)
+            self.recorder.finished(req, progress, loop.time())

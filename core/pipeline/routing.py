@@ -1,0 +1,58 @@
+"""Routing: which pool serves a request. The model name (or alias) the client sent, the
+tier's degradation while that pool is overloaded, the model's routing rules and version
+split (:class:`~shuniu.core.pipeline.router.Router`), and the chosen pool's context window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shuniu.core.errors import context_too_long, model_not_found
+from shuniu.core.pipeline.degradation import OverloadMonitor, degrade
+from shuniu.core.pipeline.router import Router
+from shuniu.core.pools.pool import Pool
+from shuniu.core.tenancy.tenancy import Tier
+from shuniu.core.types import InferenceRequest
+
+__all__ = ["check_context", "lookup", "route"]
+
+
+def lookup(routes: Mapping[str, Pool], req: InferenceRequest) -> Pool:
+    """The pool the request's model names (404 when the gateway serves no such model)."""
+    pool = routes.get(req.model)
+    if pool is None:
+        raise model_not_found(req.model)
+    return pool
+
+
+def route(
+    req: InferenceRequest,
+    tier: Tier | None,
+    pool: Pool,
+    pools: Mapping[str, Pool],
+    router: Router,
+    overload: OverloadMonitor,
+) -> tuple[Pool, bytes | None]:
+    """The pool that serves ``req`` and what degradation did (``None``: nothing), with
+    ``req.version`` set when the pool splits traffic. Raises 503 when the tier is shed,
+    400 for an unknown pinned version or a prompt that does not fit."""
+    degraded = None
+    if (
+        tier is not None
+        and tier.degrade is not None
+        and overload.degraded(pool.name, tier.name, tier.degrade)
+    ):
+        pool, degraded = degrade(req, tier, pool, pools, overload)
+    pool = router.resolve(req, pool)
+    check_context(req, pool)
+    return pool, degraded
+
+
+def check_context(req: InferenceRequest, pool: Pool) -> None:
+    """400 when the prompt plus ``max_tokens`` exceed the pool's context window."""
+    limit = pool.max_model_len
+    if limit is None:
+        return
+    wanted = req.max_tokens or 0
+    if req.prompt_tokens + wanted > limit or req.prompt_tokens >= limit:
+        raise context_too_long(limit, req.prompt_tokens, wanted)

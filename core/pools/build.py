@@ -1,0 +1,234 @@
+"""Building what a deployment describes from what the plugins registered: pools of
+endpoints (backends, balancers, schedulers, launched engines), resilience state, tenancy
+(authenticators, rate-limit store) and the response cache.
+
+Used at start-up, by a reload (which keeps unchanged endpoints) and by the admin API
+(which adds one endpoint). Every object a plugin factory returns is checked against its
+contract here, so a plugin missing a method fails at start-up, naming the plugin and the
+method, instead of on the first request that needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from shuniu.core.config import EndpointConfig, ModelConfig
+from shuniu.core.config.loader import ResolvedDeployment, expand_endpoints
+from shuniu.core.contracts import (
+    Backend,
+    Balancer,
+    EndpointSpec,
+    Filter,
+    Registration,
+    Scheduler,
+    Scorer,
+    conform,
+)
+from shuniu.core.errors import ConfigError, Problem
+from shuniu.core.pipeline.response_cache import ResponseCache
+from shuniu.core.plugin_manager import PluginManager
+from shuniu.core.pools.composite import Composite
+from shuniu.core.pools.launcher import (
+    ManagedEngine,
+    base_url_template,
+    engine_url,
+    pick_port,
+    plan_engine,
+    with_base_url,
+)
+from shuniu.core.pools.pool import EndpointState, Pool
+from shuniu.core.pools.resilience import Resilience
+from shuniu.core.tenancy.tenancy import Tenancy, limits_in_use
+
+__all__ = ["BuiltPools", "PoolBuilder", "ReuseKey"]
+
+ReuseKey = tuple[str, str, str]
+"""(model, endpoint name, the endpoint's config entry as JSON): what a reload compares to
+decide that an endpoint is unchanged and may be kept as it is."""
+
+
+class BuiltPools(NamedTuple):
+    pools: dict[str, Pool]
+    """Model name → pool."""
+    routes: dict[str, Pool]
+    """Model names and aliases → pool."""
+    resilience: dict[str, Resilience]
+    engines: dict[str, ManagedEngine]
+    """Endpoint name → the engine the gateway launches for it."""
+
+
+def _checked(obj: Any, contract: type, reg: Registration, what: str) -> Any:
+    missing = conform(obj, contract)
+    if missing:
+        raise ConfigError(
+            [
+                Problem(
+                    f"plugin {reg.plugin}",
+                    f"{what} {reg.name!r} is missing {', '.join(missing)} of the {contract.__name__} "
+                    f"contract (implement them, or subclass shuniu.core.contracts.{contract.__name__} "
+                    "to inherit the defaults of its optional members)",
+                )
+            ],
+            source="plugins",
+        )
+    return obj
+
+
+class PoolBuilder:
+    """Builds pools, tenancy and the cache of one deployment."""
+
+    def __init__(self, plugins: PluginManager) -> None:
+        self.plugins = plugins
+
+    # -- pools ---------------------------------------------------------------------------
+
+    def build(
+        self,
+        resolved: ResolvedDeployment,
+        reuse: Mapping[ReuseKey, EndpointState] | None = None,
+        engines: Mapping[str, ManagedEngine] | None = None,
+    ) -> BuiltPools:
+        """Every pool of ``resolved``. ``reuse`` (a reload): existing endpoints to keep,
+        with their backend, health and engine, instead of building new ones; ``engines``
+        the engines launched for them."""
+        config = resolved.deployment
+        backends = self.plugins.registered("backends")
+        schedulers = self.plugins.registered("schedulers")
+        built = BuiltPools({}, {}, {}, dict(engines or {}))
+        # Ports for launched engines with `port: 0`, picked now (the backends are built with
+        # their address) and kept across restarts.
+        picked: set[int] = set()
+        for model_name, model in config.models.items():
+            endpoints: list[EndpointState] = []
+            plans = []
+            for index, replica, ep_name in expand_endpoints(model_name, model.endpoints):
+                ep_cfg = model.endpoints[index]
+                if reuse is not None:
+                    kept = reuse.get((model_name, ep_name, ep_cfg.model_dump_json()))
+                    if kept is not None:
+                        endpoints.append(kept)
+                        continue
+                options = resolved.endpoint_options.get((model_name, index))
+                extra: dict[str, Any] = {}
+                plan = None
+                if ep_cfg.launch is not None:
+                    launch = ep_cfg.launch
+                    port = launch.port + replica if launch.port else pick_port(launch.host, picked)
+                    plan = plan_engine(launch, model=model_name, name=ep_name, replica=replica, port=port)
+                    template = base_url_template(type(options)) if options is not None else None
+                    if template is not None and "base_url" not in ep_cfg.options:
+                        options = with_base_url(options, engine_url(template, launch.host, port))
+                    # The environment too: a backend may read its devices from it
+                    # (e.g. ASCEND_RT_VISIBLE_DEVICES).
+                    extra["launch"] = {"host": launch.host, "port": port, "env": dict(plan.env)}
+                spec = EndpointSpec(
+                    name=ep_name,
+                    model=model_name,
+                    options=options,
+                    replica=replica,
+                    max_model_len=model.max_model_len,
+                    extra=extra,
+                )
+                endpoint = self._endpoint(backends[ep_cfg.kind], spec, ep_cfg)
+                if plan is not None:
+                    # Out of balancing until the engine's first passing health probe.
+                    endpoint.healthy = False
+                    endpoint.last_health_detail = "engine not started"
+                    plans.append((endpoint, plan))
+                endpoints.append(endpoint)
+            balancer = self.balancer(resolved, model_name, model)
+            reg = schedulers[model.scheduler.policy]
+            scheduler = _checked(
+                reg.factory(resolved.scheduler_options.get(model_name)), Scheduler, reg, "scheduler"
+            )
+            pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
+            built.pools[model_name] = pool
+            built.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)
+            for alias in [model_name, *model.aliases]:
+                built.routes[alias] = pool
+            for endpoint, plan in plans:
+                built.engines[endpoint.name] = ManagedEngine(
+                    plan, on_down=functools.partial(pool.set_healthy, endpoint, False)
+                )
+            if reuse is not None:
+                for endpoint in endpoints:
+                    engine = built.engines.get(endpoint.name)
+                    if engine is not None and engine.plan is not None:
+                        # A kept engine reports going down to its new pool.
+                        engine.on_down = functools.partial(pool.set_healthy, endpoint, False)
+        return built
+
+    def endpoint(self, model: str, cfg: EndpointConfig, options: Any, pool: Pool) -> EndpointState:
+        """One endpoint for the admin API (``cfg`` without ``launch``, ``replicas: 1``,
+        ``options`` validated), out of balancing until its first passing health probe."""
+        spec = EndpointSpec(name=cfg.name, model=model, options=options, max_model_len=pool.max_model_len)
+        endpoint = self._endpoint(self.plugins.registered("backends")[cfg.kind], spec, cfg)
+        endpoint.healthy = False
+        endpoint.last_health_detail = "added; waiting for its first health probe"
+        return endpoint
+
+    @staticmethod
+    def _endpoint(reg: Registration, spec: EndpointSpec, cfg: EndpointConfig) -> EndpointState:
+        backend = _checked(reg.factory(spec), Backend, reg, "backend")
+        return EndpointState(
+            spec.name,
+            backend,
+            weight=cfg.weight,
+            version=cfg.version,
+            max_concurrency=cfg.max_concurrency,
+            labels=dict(cfg.labels),
+        )
+
+    def balancer(self, resolved: ResolvedDeployment, model_name: str, model: ModelConfig) -> Balancer:
+        """The model's balancer: a registered policy, or one composed of filters and scorers."""
+        cfg = model.balancer
+        policy = cfg.effective_policy
+        if policy is not None:
+            reg = self.plugins.registered("balancers")[policy]
+            made = reg.factory(resolved.balancer_options.get(model_name))
+            return _checked(made, Balancer, reg, "balancer")
+        filters = self.plugins.registered("filters")
+        scorers = self.plugins.registered("scorers")
+        built_filters: list[Filter] = []
+        for i, f in enumerate(cfg.filters):
+            reg = filters[f.name]
+            made = reg.factory(resolved.filter_options.get((model_name, i)))
+            built_filters.append(_checked(made, Filter, reg, "filter"))
+        built_scorers: list[tuple[Scorer, float]] = []
+        for i, sc in enumerate(cfg.scorers):
+            reg = scorers[sc.name]
+            made = reg.factory(resolved.scorer_options.get((model_name, i)))
+            built_scorers.append((_checked(made, Scorer, reg, "scorer"), sc.weight))
+        return Composite(built_filters, built_scorers)
+
+    # -- tenancy and the cache -------------------------------------------------------------
+
+    def tenancy(self, resolved: ResolvedDeployment, pools: Mapping[str, Pool], store: Any = None) -> Tenancy:
+        """Authenticators, tiers and the rate-limit store (``store``: keep this one, a
+        reload that leaves ``rate_limits`` alone). The pools' schedulers adopt the tiers'
+        priorities."""
+        config = resolved.deployment
+        registered = self.plugins.registered("authenticators")
+        authenticators = [
+            registered[cfg.kind].factory(resolved.authenticator_options.get(i))
+            for i, cfg in enumerate(config.auth.authenticators)
+        ]
+        rl = config.rate_limits
+        if store is None and (rl is not None or limits_in_use(config, resolved.authenticator_options)):
+            name = rl.store if rl is not None else "memory"
+            store = self.plugins.registered("rate_limiters")[name].factory(resolved.rate_limit_options)
+        tenancy = Tenancy(config, authenticators, store)
+        priorities = tenancy.priorities
+        if priorities:
+            for pool in pools.values():
+                pool.scheduler.adopt_tiers(priorities)
+        return tenancy
+
+    def cache(self, resolved: ResolvedDeployment) -> ResponseCache | None:
+        cfg = resolved.deployment.cache
+        if cfg is None:
+            return None
+        store = self.plugins.registered("caches")[cfg.store].factory(resolved.cache_options)
+        return ResponseCache(cfg, store)

@@ -1,0 +1,230 @@
+"""Pools of endpoints: the state the scheduler and balancer work on.
+
+A pool serves one logical model. Each endpoint has a gateway-side concurrency limit
+(``limit``: the configured ``max_concurrency``, tightened adaptively from the engine's own
+load reports, see :mod:`shuniu.core.pools.load`); the scheduler only dispatches while some
+healthy endpoint is under its limit, so the queue stays in the gateway, where priorities
+and tenant shares can still be applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from shuniu.core.contracts import Backend, Balancer, Scheduler, Ticket
+from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
+
+__all__ = ["DEFAULT_OUTPUT_TOKENS", "EndpointState", "Pool"]
+
+DEFAULT_OUTPUT_TOKENS = 256
+"""Output tokens assumed for a request that sets no ``max_tokens`` (for token accounting)."""
+
+
+class EndpointState:
+    """One endpoint as the gateway sees it. Mutated only on the event loop.
+
+    The load view a balancer reads: ``in_flight`` and ``in_flight_tokens`` (the gateway's
+    own, always current), ``load`` (the engine's last snapshot, ``None`` when it reports
+    none or it went stale) weighted by ``load_weight`` (1 for a fresh snapshot, fading to 0
+    as it ages), ``healthy``, and ``labels`` (e.g. ``zone``).
+    """
+
+    __slots__ = (
+        "backend",
+        "completed",
+        "draining",
+        "ejected",
+        "ejected_until",
+        "ejections",
+        "errors",
+        "failures_in_row",
+        "healthy",
+        "in_flight",
+        "in_flight_tokens",
+        "index",
+        "labels",
+        "last_health_detail",
+        "limit",
+        "load",
+        "load_at",
+        "load_weight",
+        "max_concurrency",
+        "name",
+        "version",
+        "weight",
+        "window_failures",
+        "window_requests",
+        "window_start",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        *,
+        weight: float = 1.0,
+        version: str = "v1",
+        max_concurrency: int = 0,
+        labels: dict[str, str] | None = None,
+        index: int = 0,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.weight = weight
+        self.version = version
+        self.max_concurrency = max_concurrency
+        self.limit = max_concurrency
+        """Current concurrency limit (0 = none): ``max_concurrency``, or less while the
+        engine reports a backlog."""
+        self.labels = labels or {}
+        self.index = index
+        """Position in the pool (stable; balancers may use it as a small integer key)."""
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        """Prompt + expected output tokens of the requests dispatched and not yet finished."""
+        self.healthy = True
+        self.draining = False
+        self.last_health_detail = ""
+        self.completed = 0
+        self.errors = 0
+        self.load: EndpointLoad | None = None
+        self.load_at = 0.0
+        self.load_weight = 0.0
+        # Passive outlier detection (shuniu.core.pools.resilience).
+        self.ejected = False
+        self.ejected_until = 0.0
+        self.ejections = 0
+        self.failures_in_row = 0
+        self.window_start = 0.0
+        self.window_requests = 0
+        self.window_failures = 0
+
+    def has_capacity(self) -> bool:
+        return (
+            self.healthy
+            and not self.ejected
+            and not self.draining
+            and (self.limit == 0 or self.in_flight < self.limit)
+        )
+
+    def __repr__(self) -> str:
+        return f"<EndpointState {self.name} in_flight={self.in_flight} healthy={self.healthy}>"
+
+
+class Pool:
+    """The endpoints of one model, with its balancer and scheduler."""
+
+    __slots__ = (
+        "_next_index",
+        "_on_change",
+        "balancer",
+        "dispatched",
+        "endpoints",
+        "max_model_len",
+        "name",
+        "scheduler",
+        "versions",
+        "versions_key",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        endpoints: list[EndpointState],
+        balancer: Balancer,
+        scheduler: Scheduler,
+        *,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.name = name
+        self.endpoints = endpoints
+        for i, endpoint in enumerate(endpoints):
+            endpoint.index = i
+        self.balancer = balancer
+        self.scheduler = scheduler
+        self.max_model_len = max_model_len
+        self.dispatched = 0
+        """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
+        self._next_index = len(endpoints)
+        self.versions: frozenset[str] = frozenset()
+        self.versions_key = ""
+        """The versions as one string (a cache key part: answers of any of them)."""
+        self._versions_changed()
+        self._on_change: list[Callable[[Pool], Any]] = []
+
+    def _versions_changed(self) -> None:
+        self.versions = frozenset(e.version for e in self.endpoints)
+        self.versions_key = ",".join(sorted(self.versions))
+
+    def add(self, endpoint: EndpointState) -> None:
+        """A new endpoint joins (at run time). Its ``index`` is new, never reused: balancers
+        key state on it."""
+        endpoint.index = self._next_index
+        self._next_index += 1
+        # A new list, not an append: code iterating the old one is not disturbed.
+        self.endpoints = [*self.endpoints, endpoint]
+        self._versions_changed()
+        self.scheduler.wake(self)
+
+    def remove(self, endpoint: EndpointState) -> None:
+        """An endpoint leaves (drained first: nothing in flight)."""
+        self.endpoints = [e for e in self.endpoints if e is not endpoint]
+        self._versions_changed()
+
+    def has_healthy(self, version: str | None = None) -> bool:
+        return any(
+            e.healthy and not e.ejected and not e.draining and (version is None or e.version == version)
+            for e in self.endpoints
+        )
+
+    def try_dispatch(self, req: InferenceRequest, now: float) -> Ticket | None:
+        """Give ``req`` a slot on an endpoint the balancer picks, if one has a free slot
+        (and runs ``req.version``, when the request is pinned to one)."""
+        version = req.version
+        tried = req.tried
+        candidates = [
+            e
+            for e in self.endpoints
+            if e.has_capacity()
+            and (version is None or e.version == version)
+            and (tried is None or e.name not in tried)
+        ]
+        if not candidates:
+            return None
+        picked = self.balancer.pick(req, candidates)
+        if picked is None:
+            return None
+        # A balancer returns one of the candidates it was given: this pool's own endpoints.
+        endpoint = cast(EndpointState, picked)
+        cost = req.prompt_tokens + (req.max_tokens or DEFAULT_OUTPUT_TOKENS)
+        endpoint.in_flight += 1
+        endpoint.in_flight_tokens += cost
+        self.dispatched += 1
+        return Ticket(req, self, endpoint, now, cost)
+
+    def free(self, ticket: Ticket, outcome: Outcome) -> bool:
+        """Return the ticket's slot (idempotent). True if it was still held."""
+        if ticket.released:
+            return False
+        ticket.released = True
+        endpoint = cast(EndpointState, ticket.endpoint)
+        endpoint.in_flight -= 1
+        endpoint.in_flight_tokens -= ticket.cost
+        if outcome is Outcome.ERROR:
+            endpoint.errors += 1
+        else:
+            endpoint.completed += 1
+        return True
+
+    def learn_max_model_len(self) -> None:
+        """Without a configured context window, take the smallest its backends report (an
+        engine's ``/v1/models``, ``/info``): a prompt must fit every endpoint."""
+        if self.max_model_len is None:
+            lens = [e.backend.max_model_len for e in self.endpoints if e.backend.max_model_len]
+            self.max_model_len = min(lens) if lens else None
+
+    def set_healthy(self, endpoint: EndpointState, healthy: bool) -> None:
+        endpoint.healthy = healthy
+        if healthy:
+            self.scheduler.wake(self)

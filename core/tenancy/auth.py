@@ -1,0 +1,88 @@
+"""Authentication: the credential on a request → a :class:`~shuniu.core.types.Principal`.
+
+A deployment lists authenticators (``auth.authenticators``); the gateway asks them in order.
+Each one looks at the bearer credential and either claims it (returns a principal, or raises
+a 401 when the credential is its kind but not valid) or passes (returns ``None``: not its
+kind of credential, e.g. an API-key authenticator shown a JWT). A credential nobody claims
+is refused with 401. With no authenticators the gateway is open and every request is
+anonymous.
+
+Credentials never appear in errors or logs: messages name the problem, not the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shuniu.core.contracts import Authenticator
+from shuniu.core.errors import GatewayError
+from shuniu.core.types import Principal
+
+__all__ = [
+    "AuthChain",
+    "bearer_token",
+    "invalid_credentials",
+    "missing_credentials",
+]
+
+_AUTHORIZATION = b"authorization"
+_API_KEY = b"api-key"  # Azure OpenAI's header, which some OpenAI clients send instead
+_BEARER = b"bearer "
+
+
+def missing_credentials() -> GatewayError:
+    return GatewayError(
+        401,
+        "You didn't provide an API key. Send it in an Authorization header as "
+        "'Authorization: Bearer YOUR_KEY'.",
+        code="missing_api_key",
+        headers={"www-authenticate": "Bearer"},
+    )
+
+
+def invalid_credentials(reason: str = "Incorrect API key provided.") -> GatewayError:
+    """A 401 whose message says why, never what the credential was."""
+    return GatewayError(
+        401,
+        reason,
+        code="invalid_api_key",
+        headers={"www-authenticate": 'Bearer error="invalid_token"'},
+    )
+
+
+def bearer_token(headers: Any) -> str | None:
+    """The credential from ``Authorization: Bearer …`` (or an ``api-key`` header)."""
+    for key, value in headers:
+        if key == _AUTHORIZATION:
+            if value[:7].lower() == _BEARER:
+                token = value[7:].strip()
+                return token.decode("latin-1") if token else None
+            return None
+        if key == _API_KEY:
+            token = value.strip()
+            return token.decode("latin-1") if token else None
+    return None
+
+
+class AuthChain:
+    """The deployment's authenticators, asked in order."""
+
+    __slots__ = ("authenticators",)
+
+    def __init__(self, authenticators: Sequence[Authenticator]) -> None:
+        self.authenticators = tuple(authenticators)
+
+    def __bool__(self) -> bool:
+        return bool(self.authenticators)
+
+    def authenticate(self, headers: Any) -> Principal:
+        """The request's principal, or a 401 :class:`GatewayError`."""
+        credential = bearer_token(headers)
+        if credential is None:
+            raise missing_credentials()
+        for authenticator in self.authenticators:
+            principal = authenticator.authenticate(credential, headers)
+            if principal is not None:
+                return principal
+        raise invalid_credentials()

@@ -1,0 +1,345 @@
+"""Tenancy on the request path: who is calling (authentication), what their tier lets them
+do (models, ``max_tokens``, prompt length), and how much (rate limits).
+
+Built once per gateway from the deployment. Each step costs nothing when the deployment
+does not use it: no authenticators → no credential check; no tier with limits → no store
+call. Rate-limit plans (the list of limits that apply to a principal) are computed once per
+principal and kept in a bounded table.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shuniu.core.config import Deployment, LimitsConfig, TierConfig
+from shuniu.core.contracts import Authenticator, AuthenticatorOptions, Decision, Lease, Rate, RateLimitStore
+from shuniu.core.errors import GatewayError, model_not_found
+from shuniu.core.tenancy.auth import AuthChain
+from shuniu.core.types import InferenceRequest, Limits, Principal
+
+__all__ = ["Admission", "Tenancy", "Tier", "format_reset", "limits_in_use"]
+
+_MINUTE = 60.0
+_DAY = 86400.0
+_MAX_PLANS = 65536
+_NO_LIMITS = Limits()
+
+
+class Tier:
+    """A tier, compiled for the request path."""
+
+    __slots__ = (
+        "cache",
+        "degrade",
+        "key_limits",
+        "max_prompt_tokens",
+        "max_tokens_default",
+        "max_tokens_limit",
+        "models",
+        "name",
+        "priority",
+        "tenant_limits",
+    )
+
+    def __init__(self, name: str, cfg: TierConfig) -> None:
+        self.name = name
+        self.priority = cfg.priority
+        self.models = frozenset(cfg.models) if cfg.models is not None else None
+        self.max_tokens_default = cfg.max_tokens_default
+        self.max_tokens_limit = cfg.max_tokens_limit
+        self.max_prompt_tokens = cfg.max_prompt_tokens
+        self.key_limits = _limits(cfg.key_limits)
+        self.tenant_limits = _limits(cfg.tenant_limits)
+        self.cache = cfg.cache
+        self.degrade = cfg.degrade
+
+
+def _limits(cfg: LimitsConfig | None) -> Limits:
+    if cfg is None:
+        return _NO_LIMITS
+    return Limits(cfg.rpm, cfg.rpd, cfg.tpm, cfg.tpd, cfg.concurrency)
+
+
+def _merge(base: Limits, override: Limits | None) -> Limits:
+    if override is None:
+        return base
+    return Limits(
+        override.rpm if override.rpm is not None else base.rpm,
+        override.rpd if override.rpd is not None else base.rpd,
+        override.tpm if override.tpm is not None else base.tpm,
+        override.tpd if override.tpd is not None else base.tpd,
+        override.concurrency if override.concurrency is not None else base.concurrency,
+    )
+
+
+class _Plan:
+    """The limits that apply to one principal: rate templates (cost filled per request)."""
+
+    __slots__ = ("leases", "requests", "scopes", "tokens")
+
+    def __init__(self, principal: Principal, tier: Tier) -> None:
+        self.requests: list[tuple[str, float, float, str]] = []
+        """(key, limit, period, label) of request-counting rates."""
+        self.tokens: list[tuple[str, float, float, str]] = []
+        self.leases: list[Lease] = []
+        self.scopes: list[tuple[str, Limits]] = []
+        if principal.key_id is not None:
+            self.scopes.append(
+                (f"k:{principal.tenant}:{principal.key_id}", _merge(tier.key_limits, principal.limits))
+            )
+        self.scopes.append((f"t:{principal.tenant}", tier.tenant_limits))
+        for scope, limits in self.scopes:
+            who = f"key {principal.key_id!r}" if scope.startswith("k:") else f"tenant {principal.tenant!r}"
+            if limits.rpm is not None:
+                self.requests.append(
+                    (scope + ":rpm", limits.rpm, _MINUTE, f"requests per minute (RPM) of {who}")
+                )
+            if limits.rpd is not None:
+                self.requests.append((scope + ":rpd", limits.rpd, _DAY, f"requests per day (RPD) of {who}"))
+            if limits.tpm is not None:
+                self.tokens.append((scope + ":tpm", limits.tpm, _MINUTE, f"tokens per minute (TPM) of {who}"))
+            if limits.tpd is not None:
+                self.tokens.append((scope + ":tpd", limits.tpd, _DAY, f"tokens per day (TPD) of {who}"))
+            if limits.concurrency is not None:
+                self.leases.append(Lease(scope + ":conc", limits.concurrency))
+
+    def __bool__(self) -> bool:
+        return bool(self.requests or self.tokens or self.leases)
+
+
+class Admission:
+    """A request's hold on its rate limits, settled when it ends."""
+
+    __slots__ = ("headers", "leases", "reserved", "token", "tokens")
+
+    def __init__(
+        self,
+        token: str,
+        tokens: list[Rate],
+        leases: list[Lease],
+        reserved: int,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        self.token = token
+        self.tokens = tokens
+        self.leases = leases
+        self.reserved = reserved
+        self.headers = headers
+        """``x-ratelimit-*`` headers for the response."""
+
+
+class Tenancy:
+    """Authentication, tiers and rate limits for one gateway."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        authenticators: list[Authenticator],
+        store: RateLimitStore | None,
+    ) -> None:
+        self.auth = AuthChain(authenticators)
+        self.identity_headers = deployment.gateway.identity_headers and not self.auth
+        tiers = {"default": TierConfig(), **deployment.tiers}
+        self.tiers: dict[str, Tier] = {name: Tier(name, cfg) for name, cfg in tiers.items()}
+        self.store = store
+        cfg = deployment.rate_limits
+        self.default_output_tokens = cfg.default_output_tokens if cfg is not None else 256
+        self.send_headers = cfg.headers if cfg is not None else True
+        self._plans: dict[tuple[str, str | None, str, Limits | None], _Plan] = {}
+        self._prefix = os.urandom(6).hex()
+        self._counter = 0
+        # Anything to check per request beyond authentication?
+        self.checks_tier = bool(deployment.tiers) or bool(self.auth)
+
+    @property
+    def priorities(self) -> dict[str, int]:
+        """Tier name → priority, for tiers that set one (for the scheduler)."""
+        return {name: t.priority for name, t in self.tiers.items() if t.priority is not None}
+
+    # -- per request ----------------------------------------------------------------------
+
+    def tier_of(self, principal: Principal) -> Tier:
+        tier = self.tiers.get(principal.tier)
+        if tier is None:
+            raise GatewayError(
+                403,
+                "Your credential names a tier this gateway does not serve.",
+                type="permission_error",
+                code="unknown_tier",
+            )
+        return tier
+
+    def check(self, req: InferenceRequest, tier: Tier, root: str) -> None:
+        """Models, ``max_tokens`` and prompt length against the tier and the credential.
+        ``root`` is the model's own name (``req.model`` may be an alias)."""
+        allowed = tier.models
+        if allowed is not None and req.model not in allowed and root not in allowed:
+            raise model_not_found(req.model)
+        own = req.principal.models
+        if own is not None and req.model not in own and root not in own:
+            raise model_not_found(req.model)
+        if req.max_tokens is None:
+            if tier.max_tokens_default is not None:
+                req.max_tokens = tier.max_tokens_default
+                # Engines read the body: the default must reach them too.
+                req.body["max_tokens"] = tier.max_tokens_default
+        elif tier.max_tokens_limit is not None and req.max_tokens > tier.max_tokens_limit:
+            raise GatewayError(
+                400,
+                f"max_tokens is {req.max_tokens}, above the {tier.max_tokens_limit} your tier allows.",
+                param="max_tokens",
+                code="max_tokens_exceeded",
+            )
+        if tier.max_prompt_tokens is not None and req.prompt_tokens > tier.max_prompt_tokens:
+            raise GatewayError(
+                400,
+                f"The prompt is about {req.prompt_tokens} tokens, above the "
+                f"{tier.max_prompt_tokens} your tier allows.",
+                param="messages" if req.api == "chat" else "prompt",
+                code="prompt_too_long",
+            )
+
+    def _plan(self, principal: Principal, tier: Tier) -> _Plan:
+        key = (principal.tenant, principal.key_id, tier.name, principal.limits)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()  # rebuilt on demand; bounded memory for many tenants
+            plan = self._plans[key] = _Plan(principal, tier)
+        return plan
+
+    async def acquire(self, req: InferenceRequest, tier: Tier) -> Admission | None:
+        """Take the request's share of every limit that applies, or raise 429."""
+        store = self.store
+        if store is None:
+            return None
+        plan = self._plan(req.principal, tier)
+        if not plan:
+            return None
+        reserved = req.prompt_tokens + (req.max_tokens or self.default_output_tokens)
+        for _key, limit, _period, label in plan.tokens:
+            if reserved > limit:
+                raise GatewayError(
+                    429,
+                    f"Request too large for {label}: limit {int(limit)}, requested {reserved} "
+                    "(prompt plus max_tokens). Send a shorter prompt or a smaller max_tokens.",
+                    type="tokens",
+                    code="rate_limit_exceeded",
+                )
+        rates = [Rate(key, limit, period, 1.0) for key, limit, period, _ in plan.requests]
+        token_rates = [Rate(key, limit, period, float(reserved)) for key, limit, period, _ in plan.tokens]
+        self._counter += 1
+        token = f"{self._prefix}{self._counter:x}"
+        decision = await store.acquire(rates + token_rates, plan.leases, token)
+        headers = self._headers(plan, decision, len(rates)) if self.send_headers else []
+        if not decision.allowed:
+            raise self._refusal(plan, decision, headers)
+        return Admission(token, token_rates, plan.leases, reserved, headers)
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        """Give back the unused part of the token reservation and the leases."""
+        store = self.store
+        if store is None:
+            return
+        delta = float(used_tokens - admission.reserved)
+        adjust = [(rate, delta) for rate in admission.tokens] if delta else []
+        if adjust or admission.leases:
+            await store.settle(adjust, admission.leases, admission.token)
+
+    # -- responses ------------------------------------------------------------------------
+
+    @staticmethod
+    def _headers(plan: _Plan, decision: Decision, n_requests: int) -> list[tuple[bytes, bytes]]:
+        """OpenAI's ``x-ratelimit-*`` headers from the tightest request and token limits."""
+        out: list[tuple[bytes, bytes]] = []
+        remaining, reset = decision.remaining, decision.reset_s
+        if len(remaining) < n_requests + len(plan.tokens):
+            return out
+        for kind, entries, offset in (("requests", plan.requests, 0), ("tokens", plan.tokens, n_requests)):
+            if not entries:
+                continue
+            best = min(range(len(entries)), key=lambda i: remaining[offset + i])
+            out.append((f"x-ratelimit-limit-{kind}".encode(), str(int(entries[best][1])).encode()))
+            out.append(
+                (
+                    f"x-ratelimit-remaining-{kind}".encode(),
+                    str(max(0, int(remaining[offset + best]))).encode(),
+                )
+            )
+            out.append((f"x-ratelimit-reset-{kind}".encode(), format_reset(reset[offset + best]).encode()))
+        return out
+
+    @staticmethod
+    def _refusal(plan: _Plan, decision: Decision, headers: list[tuple[bytes, bytes]]) -> GatewayError:
+        extra = {k.decode(): v.decode() for k, v in headers}
+        if decision.denied == "store_unavailable":
+            extra["retry-after"] = "1"
+            return GatewayError(
+                503,
+                "Rate limits cannot be checked right now; try again shortly.",
+                type="server_error",
+                code="rate_limiter_unavailable",
+                headers=extra,
+            )
+        wait = decision.retry_after_s
+        retry = "1" if not math.isfinite(wait) else str(max(1, math.ceil(wait)))
+        extra["retry-after"] = retry
+        label, kind = _describe(plan, decision.denied)
+        if kind == "concurrency":
+            message = f"Too many concurrent requests for {label}. Wait for one to finish."
+        else:
+            when = f"in {format_reset(wait)}" if math.isfinite(wait) else "later"
+            message = f"Rate limit reached for {label}. Please try again {when}."
+        return GatewayError(
+            429,
+            message,
+            type="tokens" if kind == "tokens" else "requests",
+            code="rate_limit_exceeded",
+            headers=extra,
+        )
+
+
+def _describe(plan: _Plan, key: str | None) -> tuple[str, str]:
+    for entries, kind in ((plan.requests, "requests"), (plan.tokens, "tokens")):
+        for k, limit, _period, label in entries:
+            if k == key:
+                return f"{label}: limit {int(limit)}", kind
+    for lease in plan.leases:
+        if lease.key == key:
+            scope = lease.key.rsplit(":", 1)[0]
+            who = "your key" if scope.startswith("k:") else "your tenant"
+            return f"{who} (limit {lease.limit} at once)", "concurrency"
+    return "your limits", "requests"
+
+
+def limits_in_use(deployment: Deployment, authenticator_options: Mapping[int, Any]) -> bool:
+    """Whether any tier or credential sets a limit (then a store is needed)."""
+    for tier in deployment.tiers.values():
+        for cfg in (tier.key_limits, tier.tenant_limits):
+            if cfg is not None and any(v is not None for v in cfg.model_dump().values()):
+                return True
+    return any(
+        isinstance(options, AuthenticatorOptions) and options.sets_limits()
+        for options in authenticator_options.values()
+    )
+
+
+def format_reset(seconds: float) -> str:
+    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``1s``, ``6m0s``,
+    ``20ms``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    total = round(seconds, 3)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    secs_text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{int(hours)}h{int(minutes)}m{secs_text}"
+    if minutes:
+        return f"{int(minutes)}m{secs_text}"
+    return secs_text

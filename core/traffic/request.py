@@ -1,0 +1,46 @@
+"""The record a workload generates: one :class:`SimRequest` per arriving request."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["SimRequest"]
+
+
+class SimRequest(msgspec.Struct, gc=False):
+    """One simulated request, as :meth:`Workload.requests` yields it."""
+
+    arrival: float
+    """Seconds from the start of the run."""
+    prompt: list[int]
+    """Prompt token ids (empty when generated with ``prompts=False``)."""
+    output_tokens: int
+    """Tokens the engine generates for it (as with ``ignore_eos``)."""
+    output_seed: int
+    """The engine's answer is ``synthetic_ids(output_seed, output_tokens)``."""
+    tenant: str = "default"
+    tier: str = "default"
+    priority: int = 0
+    """Smaller runs first (vLLM's convention)."""
+    session: str | None = None
+    """Conversation id (chat streams, or a trace's ``session``); for session affinity."""
+    prefix_group: str | None = None
+    """Name of the shared prefix (system prompt) the prompt starts with, if any."""
+    kind: str = "chat"
+    """API the request is sent to: ``chat`` or ``completions``."""
+    prompt_tokens: int = -1
+    """Prompt length; equals ``len(prompt)`` when prompts are generated (filled in from
+    ``prompt`` when left at -1)."""
+    prefix_tokens: int = 0
+    """Length of the shared prefix at the start of the prompt (the system prompt)."""
+    id: int = 0
+    """Position in arrival order, from 0."""
+    stream: str = ""
+    """The stream (``name`` or ``name/class``) the request comes from, for per-class stats."""
+    user: str | None = None
+    turn: int = 0
+    """Turn number within the conversation, from 0."""
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0:
+            self.prompt_tokens = len(self.prompt)

@@ -1,1 +1,0 @@
-"""``shuniu bench``: load-test any OpenAI-compatible endpoint."""

@@ -1,0 +1,17 @@
+"""Adds ``shuniu bench`` to the command line."""
+
+from __future__ import annotations
+
+import click
+
+from shuniu.core import hookimpl
+
+__all__ = ["register_commands"]
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    # Imported here, not at load: loading the plugins (every gateway start) stays cheap.
+    from shuniu.plugins.tools.bench.command import bench_command
+
+    cli.add_command(bench_command)

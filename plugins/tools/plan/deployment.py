@@ -1,0 +1,67 @@
+"""The in-memory deployment each trial of a plan simulates: ``N`` ``sim`` endpoints with the
+hardware and model profiles, no gateway-side concurrency limit, the ``fifo`` scheduler and the
+chosen balancer; and the check that reports a bad one against the option that caused it."""
+
+from __future__ import annotations
+
+import json
+
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.errors import ConfigError, Problem
+from shuniu.core.plugin_manager import PluginManager
+from shuniu.plugins.tools.plan.results import PlanError
+
+__all__ = ["DEPLOYMENT_SOURCE", "check_deployment", "deployment_text"]
+
+DEPLOYMENT_SOURCE = "<shuniu plan deployment>"
+"""The source name trial deployments are loaded under."""
+
+
+def deployment_text(
+    model: str,
+    hardware: str,
+    tp: int,
+    replicas: int,
+    balancer: str,
+    util: float,
+    max_num_seqs: int,
+    max_model_len: int | None,
+) -> str:
+    """The YAML of a one-model deployment (``plan``) of ``replicas`` simulated endpoints."""
+    options = {
+        "hardware": hardware,
+        "model": model,
+        "tensor_parallel_size": tp,
+        "gpu_memory_utilization": util,
+        "max_num_seqs": max_num_seqs,
+    }
+    lines = ["models:", "  plan:"]
+    if max_model_len is not None:
+        lines.append(f"    max_model_len: {max_model_len}")
+    lines += [
+        f"    balancer: {{policy: {json.dumps(balancer)}}}",
+        "    scheduler: {policy: fifo}",
+        "    endpoints:",
+        "      - kind: sim",
+        f"        replicas: {replicas}",
+        "        max_concurrency: 0",
+        f"        options: {json.dumps(options)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def check_deployment(text: str, plugins: PluginManager) -> None:
+    """Build a deployment once before simulating, so that a bad ``--balancer`` (or an engine
+    setting) is reported against the option that caused it."""
+    try:
+        load_deployment(DEPLOYMENT_SOURCE, plugins, text=text)
+    except ConfigError as exc:
+        options = {
+            "models.plan.balancer.policy": "--balancer",
+            "models.plan.max_model_len": "--max-model-len",
+        }
+        problems = [
+            Problem(options.get(p.path, p.path.replace("models.plan.endpoints[0].options.", "--")), p.message)
+            for p in exc.problems
+        ]
+        raise PlanError(problems, "options") from None

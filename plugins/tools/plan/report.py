@@ -1,0 +1,133 @@
+"""How ``shuniu plan`` prints a :class:`PlanResult`: the table of trials, the recommendation,
+the notes and the KV memory of one replica."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shuniu.plugins.tools.plan.results import PlanResult
+
+__all__ = ["print_plan", "secs"]
+
+
+def secs(seconds: float) -> str:
+    """A duration as a plan writes it: ``1,234 s``, ``2.5 s`` or ``340 ms``."""
+    if seconds >= 100:
+        return f"{seconds:,.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1000:.3g} ms"
+
+
+def _slo_text(result: PlanResult) -> str:
+    slo = result.slo
+    names = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
+    parts = [f"{names[m]} p99 <= {secs(slo[f'{m}_p99_s'])}" for m in names if f"{m}_p99_s" in slo]
+    own = [f"{names[m]} <= {secs(slo[f'{m}_s'])}" for m in names if f"{m}_s" in slo]
+    if result.goodput_target is not None:
+        share = f"{result.goodput_target:.0%} of requests"
+        parts.append(f"{share} within " + (", ".join(own) if own else "the p99 targets"))
+    return ", ".join(parts)
+
+
+def _num(value: float) -> str:
+    """Three significant digits, thousands separated."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def print_plan(result: PlanResult, console: Any) -> None:
+    """Print ``result`` as tables on a rich ``console``."""
+    from rich import box
+    from rich.table import Table
+
+    w = result.workload
+    table = Table(
+        title=f"{result.model} on {result.hardware} for {w['name']}: {w['request_rate']:.3g} requests/s, "
+        f"mean {w['mean_input_tokens']:,.0f} in / {w['mean_output_tokens']:,.0f} out tokens; "
+        f"SLO {_slo_text(result)}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=0,
+    )
+    columns = [
+        "run",
+        "TP",
+        "repl",
+        "dev",
+        "sim s",
+        "TTFT\np50 ms",
+        "TTFT\np99 ms",
+        "ITL\np99 ms",
+        "E2E\np99 s",
+        "good-\nput",
+        "tok/s",
+    ]
+    for name in columns:
+        table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    table.add_column("met", overflow="fold", min_width=12)
+    table.caption = "repl: replicas; dev: devices (replicas x TP); sim s: simulated seconds of arrivals"
+    table.caption_justify = "left"
+    rec = result.recommendation
+    for t in result.tried:
+        run = t.phase
+        met = "yes" if t.met else "no: " + "; ".join(t.failures)
+        if t.rate_scale != 1.0:
+            met += f" (unloaded: {t.rate_scale:.2g}x the rate)"
+        style = "bold green" if t is rec else None
+        table.add_row(
+            run,
+            str(t.tensor_parallel),
+            str(t.replicas),
+            str(t.devices),
+            f"{t.duration_s:,.0f}",
+            _num(t.ttft_p50 * 1000),
+            _num(t.ttft_p99 * 1000),
+            _num(t.itl_p99 * 1000),
+            _num(t.e2e_p99),
+            "-" if t.goodput is None else f"{t.goodput:.1%}",
+            f"{t.throughput_tokens_per_s:,.0f}",
+            met,
+            style=style,
+        )
+    if result.tried:
+        console.print(table)
+    else:
+        console.print(table.title, "\n(nothing simulated)", highlight=False)
+    if rec is not None:
+        console.print(
+            f"[bold]Recommendation:[/] {rec.replicas} replica{'s' if rec.replicas != 1 else ''} x TP "
+            f"{rec.tensor_parallel} = [bold]{rec.devices} x {result.hardware}[/] — TTFT p99 "
+            f"{secs(rec.ttft_p99)}, ITL p99 {secs(rec.itl_p99)}"
+            + ("" if rec.goodput is None else f", goodput {rec.goodput:.1%}")
+            + f" over {rec.duration_s:,.0f} simulated seconds",
+            highlight=False,
+        )
+    else:
+        console.print(
+            "[bold red]No configuration meets the SLO[/] "
+            f"(TP {', '.join(map(str, result.tensor_parallel_sizes))}, "
+            f"up to {result.max_replicas} replicas).",
+            highlight=False,
+        )
+    for note in result.notes:
+        if note != "no configuration meets the SLO":
+            console.print(f"  - {note}", highlight=False)
+    kv = result.kv
+    rows = kv.rows()
+    rows[-1] = (
+        "max concurrent sequences",
+        f"{kv.max_concurrent_seqs:,} (the KV cache holds {result.kv_room_seqs:,} such requests; "
+        f"max_num_seqs {result.max_num_seqs:,})",
+    )
+    kv_table = Table(
+        title=f"KV memory of one replica (TP {kv.tensor_parallel}) at the workload's mean lengths",
+        title_justify="left",
+        show_header=False,
+    )
+    kv_table.add_column("quantity")
+    kv_table.add_column("value", justify="right")
+    for k, v in rows:
+        kv_table.add_row(k, v)
+    console.print(kv_table)
+    console.print(f"planned in {result.wall_s:.1f} s ({len(result.tried)} simulations)", style="dim")

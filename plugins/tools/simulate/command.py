@@ -1,0 +1,171 @@
+"""The ``shuniu simulate`` command, and the progress bar over simulated time it shares with
+``shuniu plan``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from shuniu.core.errors import ConfigError
+
+__all__ = ["simulate_command", "simulation_progress"]
+
+
+def _report(exc: ConfigError) -> None:
+    click.secho(f"{exc.source or 'input'}: {len(exc.problems)} problem(s)", fg="red", err=True)
+    for problem in exc.problems:
+        click.echo(f"  - {problem}", err=True)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f}"
+
+
+def simulation_progress(console: Any, disable: bool) -> Any:
+    """A progress bar over simulated seconds; tasks carry ``label``, ``sim`` (simulated time
+    now) and ``n`` (requests so far) fields. Shared by ``simulate`` and ``plan``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.fields[label]}[/]"),
+        BarColumn(),
+        TextColumn("{task.fields[sim]:>8.1f} / {task.total:.0f} s simulated, {task.fields[n]:,} requests"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=disable,
+        transient=True,
+    )
+
+
+@click.command("simulate")
+@click.argument("deployment", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--workload",
+    "-w",
+    "workload_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Workload YAML (see examples/workloads/).",
+)
+@click.option(
+    "--duration", type=float, default=None, help="Simulated seconds of arrivals (default: the workload's)."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the workload.")
+@click.option("--rate-scale", type=float, default=1.0, show_default=True, help="Multiply every arrival rate.")
+@click.option("--model", default=None, help="Model of the deployment to send to (default: its first).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a PNG of TTFT and ITL over time (needs shuniu[plot]).",
+)
+@click.pass_context
+def simulate_command(
+    ctx: click.Context,
+    deployment: Path,
+    workload_path: Path,
+    duration: float | None,
+    seed: int,
+    rate_scale: float,
+    model: str | None,
+    as_json: bool,
+    plot_path: Path | None,
+) -> None:
+    """Run a WORKLOAD against a DEPLOYMENT of simulated engines, in virtual time.
+
+    The deployment's own scheduler and balancer decide every request; engines are simulated
+    one batch iteration at a time, so hours of traffic take seconds.
+    """
+    from rich.console import Console
+
+    from shuniu.core.config.loader import load_deployment
+    from shuniu.core.plugin_manager import PluginManager, load_plugins
+    from shuniu.core.traffic import load_workload
+    from shuniu.plugins.tools.simulate.run import simulate
+
+    plugins = ctx.find_object(PluginManager) or load_plugins()
+    try:
+        resolved = load_deployment(deployment, plugins)
+        workload = load_workload(workload_path)
+    except ConfigError as exc:
+        _report(exc)
+        ctx.exit(2)
+    if rate_scale != 1.0:
+        workload = workload.scaled(rate_scale)
+    horizon = duration or workload.duration_s
+    console = Console(stderr=True)
+    with simulation_progress(console, disable=as_json or not console.is_terminal) as bar:
+        task = bar.add_task("sim", total=horizon, sim=0.0, n=0, label="simulating")
+
+        def progress(now: float, n: int) -> None:
+            bar.update(task, completed=min(now, horizon), sim=now, n=n)
+
+        try:
+            result = simulate(
+                resolved, plugins, workload, duration=horizon, seed=seed, model=model, progress=progress
+            )
+        except ConfigError as exc:
+            _report(exc)
+            ctx.exit(2)
+        except ValueError as exc:
+            click.secho(f"{deployment}: cannot build the deployment: {exc}", fg="red", err=True)
+            ctx.exit(2)
+    summary = result.summary()
+    if plot_path is not None:
+        from shuniu.core.extras import MissingExtraError
+        from shuniu.plugins.tools.simulate.plot import plot_timeline
+
+        try:
+            plot_timeline(result, str(plot_path), f"{deployment.name} + {workload_path.name}")
+        except MissingExtraError as exc:
+            click.secho(str(exc), fg="red", err=True)
+            ctx.exit(2)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    _print_tables(summary, deployment, workload_path, Console())
+    sys.stdout.flush()
+
+
+def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  # type: ignore[no-untyped-def,type-arg]
+    from rich.table import Table
+
+    table = Table(title=f"{deployment.name} + {workload.name}", show_header=True)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("TTFT p50 / p99 (ms)", f"{_ms(s['ttft_p50'])} / {_ms(s['ttft_p99'])}"),
+        ("ITL p50 / p99 (ms)", f"{_ms(s['itl_p50'])} / {_ms(s['itl_p99'])}"),
+        ("E2E p50 / p99 (ms)", f"{_ms(s['e2e_p50'])} / {_ms(s['e2e_p99'])}"),
+        ("gateway queue p99 (ms)", _ms(s["queue_p99"])),
+        ("throughput (tokens/s)", f"{s['throughput_tokens_per_s']:,.0f}"),
+        ("requests completed / arrived", f"{s['requests_completed']:,} / {s['requests_arrived']:,}"),
+        ("goodput (share meeting the SLO)", "-" if s["goodput"] is None else f"{s['goodput']:.1%}"),
+        ("prefix-cache hit rate", f"{s['prefix_hit_rate']:.1%}"),
+        ("preemptions", f"{s['preemptions']:,}"),
+        ("rejected", f"{s['rejected']:,}" + (f" {s['rejected_by_code']}" if s["rejected"] else "")),
+        ("simulated time (s)", f"{s['sim_time_s']:,.1f}"),
+        ("wall time (s)", f"{s['wall_s']:,.2f} ({s['simulated_requests_per_wall_s']:,.0f} requests/s)"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    eps = Table(title="per endpoint")
+    for col in ("endpoint", "completed", "tokens", "prefix hits", "preemptions", "busy"):
+        eps.add_column(col, justify="right" if col != "endpoint" else "left")
+    for name, e in s["per_endpoint"].items():
+        eps.add_row(
+            name,
+            f"{e['completed']:,}",
+            f"{e['generated_tokens']:,}",
+            f"{e['prefix_hit_rate']:.1%}",
+            f"{e['preemptions']:,}",
+            f"{e['busy_share']:.0%}",
+        )
+    console.print(eps)

@@ -1,0 +1,221 @@
+"""The virtual-time run behind ``shuniu simulate``: a deployment's own scheduler and balancer,
+simulated engines.
+
+The deployment is built exactly as ``shuniu serve`` builds it (the same :class:`Gateway`,
+pools, scheduler and balancer objects); only the HTTP layer is left out and the clock is
+virtual (:mod:`shuniu.plugins.tools.simulate.vclock`). Each workload request is admitted by
+the pool's scheduler, placed by its balancer, and run on the chosen endpoint's simulated
+engine, one event per engine iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from shuniu.backends.sim import Seq, SimBackend
+from shuniu.core.config.loader import ResolvedDeployment
+from shuniu.core.errors import ConfigError, GatewayError, Problem
+from shuniu.core.plugin_manager import PluginManager
+from shuniu.core.pools.pool import Pool
+from shuniu.core.types import InferenceRequest, Outcome, Principal
+from shuniu.plugins.tools.simulate.results import SimulationResult
+from shuniu.plugins.tools.simulate.vclock import run_virtual
+
+__all__ = ["simulate"]
+
+
+def _check_sim_only(resolved: ResolvedDeployment) -> None:
+    problems = [
+        Problem(
+            f"models.{name}.endpoints[{i}].kind",
+            f"`shuniu simulate` runs simulated engines only; this endpoint is {ep.kind!r} "
+            "(give it `kind: sim` with `hardware` and `model` profiles to plan for it)",
+        )
+        for name, model in resolved.deployment.models.items()
+        for i, ep in enumerate(model.endpoints)
+        if ep.kind != "sim"
+    ]
+    if problems:
+        raise ConfigError(problems, resolved.source)
+
+
+def _slo_of(workload: Any) -> dict[str, float] | None:
+    slo = getattr(workload, "slo", None)
+    if slo is None:
+        return None
+    data = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo)
+    return {k: float(v) for k, v in data.items() if v is not None}
+
+
+async def _run(
+    gateway: Any,
+    requests: Iterator[Any],
+    default_model: str,
+    slo: Any,
+    result: SimulationResult,
+    progress: Callable[[float, int], None] | None,
+    drain_s: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    await gateway.start()
+    pools: dict[str, Pool] = gateway.routes
+    inflight: set[asyncio.Task[None]] = set()
+
+    async def one(spec: Any, n: int) -> None:
+        model = getattr(spec, "model", None) or default_model
+        pool = pools[model]
+        now = loop.time()
+        req = InferenceRequest(
+            id=f"sim-{n}",
+            api="chat" if getattr(spec, "kind", "chat") == "chat" else "completions",
+            model=model,
+            # The conversation id stands in for OpenAI's `user` field (session affinity keys on it).
+            body={"user": spec.session} if spec.session is not None else {},
+            prompt="",
+            prompt_tokens=len(spec.prompt),
+            max_tokens=spec.output_tokens,
+            ignore_eos=True,
+            arrival=now,
+            priority=spec.priority,
+            principal=Principal(tenant=spec.tenant, tier=spec.tier),
+            token_ids=spec.prompt,
+        )
+        tier = result.tier(spec.tier)
+        tier.arrived += 1
+        try:
+            pool = gateway.router.resolve(req, pool)
+            gateway.check_context(req, pool)
+            ticket = await pool.scheduler.admit(req, pool)
+        except GatewayError as err:
+            result.rejected += 1
+            code = err.code or str(err.status)
+            result.rejected_by_code[code] = result.rejected_by_code.get(code, 0) + 1
+            tier.rejected_by_code[code] = tier.rejected_by_code.get(code, 0) + 1
+            return
+        admitted = loop.time()
+        result.queue.add(admitted - now)
+        backend = ticket.endpoint.backend
+        assert isinstance(backend, SimBackend)
+        seq = Seq(
+            req.id,
+            spec.prompt,
+            spec.output_tokens,
+            output_seed=spec.output_seed,
+            priority=req.priority,  # as the scheduler set it (from the tier)
+            arrival=admitted,
+        )
+        outcome = Outcome.ERROR
+        try:
+            await backend.run_seq(seq)
+            outcome = Outcome.OK
+        except ValueError:
+            result.rejected += 1
+            result.rejected_by_code["too_long"] = result.rejected_by_code.get("too_long", 0) + 1
+            return
+        except GatewayError:
+            result.failed += 1
+            return
+        finally:
+            pool.scheduler.release(ticket, outcome)
+        end = loop.time()
+        first = seq.first_token_at if seq.first_token_at is not None else end
+        ttft = first - now
+        result.ttft.add(ttft)
+        result.e2e.add(end - now)
+        result.requests_completed += 1
+        tier.ttft.add(ttft)
+        tier.e2e.add(end - now)
+        tier.completed += 1
+        # A request's inter-token latency is its mean gap (time per output token).
+        tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
+        result.record_window(now, ttft, tpot)
+        if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
+            result.met_slo += 1
+            tier.met_slo += 1
+
+    n = 0
+    for spec in requests:
+        delay = spec.arrival - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        n += 1
+        task = loop.create_task(one(spec, n))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+        if progress is not None and n % 256 == 0:
+            progress(loop.time(), n)
+    result.requests_arrived = n
+    if inflight:
+        # A hung endpoint (an injected fault) would keep its requests forever: stop waiting
+        # after `drain_s` and count them as unfinished.
+        _, pending = await asyncio.wait(list(inflight), timeout=drain_s)
+        for task in pending:
+            task.cancel()
+        result.unfinished = len(pending)
+        if pending:
+            await asyncio.wait(pending)
+    result.sim_time_s = loop.time()
+    if progress is not None:
+        progress(loop.time(), n)
+    for pool in gateway.pools.values():
+        for ep in pool.endpoints:
+            core = ep.backend.engine.core
+            result.generated_tokens += core.generated_tokens
+            result.prompt_tokens += core.prompt_tokens
+            result.prefix_queries += core.prefix_queries
+            result.prefix_hits += core.prefix_hits
+            result.preemptions += core.preemptions
+            result.itl.merge(core.itl)
+            result.per_endpoint[ep.name] = {
+                "completed": core.completed,
+                "generated_tokens": core.generated_tokens,
+                "prefix_hit_rate": core.prefix_hits / core.prefix_queries if core.prefix_queries else 0.0,
+                "preemptions": core.preemptions,
+                "busy_share": ep.backend.engine.busy_time / result.sim_time_s if result.sim_time_s else 0.0,
+            }
+    await gateway.stop()
+
+
+def simulate(
+    resolved: ResolvedDeployment,
+    plugins: PluginManager,
+    workload: Any,
+    *,
+    duration: float | None = None,
+    seed: int = 0,
+    model: str | None = None,
+    progress: Callable[[float, int], None] | None = None,
+    drain_s: float = 600.0,
+) -> SimulationResult:
+    """Run ``workload`` against the deployment in virtual time and measure it."""
+    from shuniu.core.gateway import Gateway
+
+    _check_sim_only(resolved)
+    default_model = model or next(iter(resolved.deployment.models))
+    horizon = duration or getattr(workload, "duration_s", 600.0)
+    result = SimulationResult(slo=_slo_of(workload), window_s=max(horizon / 120, 1.0))
+    started = time.perf_counter()
+
+    async def main() -> None:
+        # Built inside the virtual loop so every timer the gateway creates lives on it.
+        gateway = Gateway(resolved, plugins)
+        if default_model not in gateway.routes:
+            raise ConfigError(
+                [Problem("--model", f"the deployment has no model {default_model!r}")], resolved.source
+            )
+        await _run(
+            gateway,
+            workload.requests(seed=seed, duration=duration),
+            default_model,
+            workload.slo,
+            result,
+            progress,
+            drain_s,
+        )
+
+    run_virtual(main())
+    result.wall_s = time.perf_counter() - started
+    return result
