@@ -38,9 +38,6 @@ import http.client
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +45,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import (
+    Child,
+    Children,
+    failed,
+    from_tests,
+    handle_signals,
+    rss_mib,
+    shuniu_command,
+    start_redis,
+    wait_serving,
+    warn_if_busy,
+    write_json,
+)
+from loadgen import make_body
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -62,7 +73,6 @@ from rich.table import Table
 from shuniu.plugins.auth.api_keys import hash_key, new_key
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 UPSTREAM = HERE / "instant_upstream.py"
 LOADGEN = HERE / "loadgen.py"
 MODEL = "bench"
@@ -79,107 +89,7 @@ CACHE_BODY = {"temperature": 0}  # deterministic: cacheable
 # Limits far above anything a run reaches, so that every store call happens and none binds.
 NEVER_BINDING = "{rpm: 10000000, tpm: 10000000000, concurrency: 100000}"
 
-_UPSTREAM_READY = re.compile(r"serving on http://(\S+):(\d+)")
-_GATEWAY_READY = re.compile(r"serving .* on http://(\S+):(\d+)")
-
 console = Console()
-
-
-# -- child processes ---------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    host: str = ""
-    port: int = 0
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Children:
-    """Every process this run started, stopped by PID (never by name) in reverse order."""
-
-    def __init__(self) -> None:
-        self.items: list[Child] = []
-
-    def start(self, name: str, cmd: list[str], log: Path, ready: re.Pattern[str], timeout: float) -> Child:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        child = Child(name, proc, log)
-        self.items.append(child)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = ready.search(log.read_text(errors="replace"))
-            if m:
-                child.host, child.port = m.group(1).strip("[]"), int(m.group(2))
-                return child
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{child.log_tail()}")
-            time.sleep(0.05)
-        raise RuntimeError(f"{name} did not say it was serving within {timeout:g} s:\n{child.log_tail()}")
-
-    def stop_all(self) -> None:
-        for child in reversed(self.items):
-            _stop(child.proc)
-        self.items.clear()
-
-
-def _stop(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def machine_busy(seconds: float = 1.0) -> float:
-    """Fraction of all CPUs busy over ``seconds`` (other people's load skews every number)."""
-
-    def read() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        idle = values[3] + values[4]
-        total = sum(values[:8])
-        return total - idle, total
-
-    b0, t0 = read()
-    time.sleep(seconds)
-    b1, t1 = read()
-    return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-def _shuniu_command() -> list[str]:
-    script = Path(sys.executable).with_name("shuniu")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("shuniu")
-    return [found] if found else [sys.executable, "-m", "shuniu.core"]
 
 
 DEPLOYMENT = """\
@@ -243,34 +153,12 @@ def deployment_yaml(
     return text + TENANCY.format(limits=NEVER_BINDING, hash=key_hash, store=tenancy, options=options)
 
 
-def start_collector() -> Any:
-    """A stub OTLP/HTTP collector in a thread of this process (``tests/otlp_collector.py``)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # for tests/
-    from tests.otlp_collector import CollectorStub
-
-    return CollectorStub().start()
-
-
-def start_redis() -> Any:
-    """A ``redis-server`` of this run on a free port (``tests/redis_server.py``)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # for tests/
-    from tests.redis_server import RedisServer, redis_server_binary
-
-    binary = redis_server_binary()
-    if binary is None:
-        raise RuntimeError("--tenancy redis needs redis-server (apt-get install -y redis-server)")
-    for attempt in range(3):  # another process may take the free port before the server does
-        server = RedisServer(binary)
-        try:
-            server.start()
-            return server
-        except RuntimeError:
-            server.close()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+def start_collector(children: Children) -> Any:
+    """A stub OTLP/HTTP collector in a thread of this process (``tests/otlp_collector.py``),
+    stopped with ``children``."""
+    collector = from_tests("otlp_collector").CollectorStub().start()
+    children.defer(collector.stop)
+    return collector
 
 
 def _post(host: str, port: int, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
@@ -288,10 +176,6 @@ def _post(host: str, port: int, body: bytes, headers: dict[str, str]) -> tuple[i
 def check_tenancy(host: str, port: int, key: str, max_tokens: int) -> str:
     """Before the cache-hit phase: without a key → 401; a plain request → cache ``skip``; the
     phase's deterministic request twice → the second is a ``hit``. Returns that state."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    from loadgen import make_body
-
     auth = {"Authorization": f"Bearer {key}"}
     status, _ = _post(host, port, make_body("chat", MODEL, max_tokens, False), {})
     if status != 401:
@@ -339,9 +223,12 @@ class RunResult:
 
 
 class Runner:
-    def __init__(self, settings: Settings, children: Children, progress: Progress, key: str | None) -> None:
+    def __init__(
+        self, settings: Settings, children: Children, progress: Progress, key: str | None, tmpdir: Path
+    ) -> None:
         self.s = settings
         self.children = children
+        self.tmpdir = tmpdir
         self.progress = progress
         self.key = key
         self.headers = [f"--header=Authorization:Bearer {key}"] if key else []
@@ -353,30 +240,22 @@ class Runner:
         """Run loadgen.py in its own process; show its progress by time."""
         cmd = [sys.executable, str(LOADGEN), *args, "--json"]
         self.progress.update(self.phase, description=label, total=expected_s, completed=0, visible=True)
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self.children.items.append(Child(f"loadgen {label}", proc, Path(os.devnull)))
+        out, err = self.tmpdir / "loadgen.out", self.tmpdir / "loadgen.err"
+        child = self.children.start(f"loadgen ({label})", cmd, out, err_log=err)
         t0 = time.monotonic()
-        deadline = t0 + expected_s + 60
+
+        def tick() -> None:
+            self.progress.update(self.phase, completed=min(expected_s, time.monotonic() - t0))
+
         try:
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"loadgen ({label}) ran past {expected_s + 60:.0f} s")
-                self.progress.update(self.phase, completed=min(expected_s, time.monotonic() - t0))
-                time.sleep(0.2)
-            out, err = proc.communicate()
+            status = self.children.wait(child, expected_s + 60, on_tick=tick)
         finally:
-            _stop(proc)
-            self.children.items = [c for c in self.children.items if c.proc is not proc]
-        if proc.returncode != 0:
-            raise RuntimeError(f"loadgen ({label}) failed with {proc.returncode}:\n{err.decode()[-2000:]}")
+            self.children.stop(child)
+        if status != 0:
+            tail = err.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"loadgen ({label}) failed with {status}:\n{tail}")
         self.progress.update(self.phase, completed=expected_s)
-        result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(out.read_text().strip().splitlines()[-1])
         if result.get("errors"):
             self.progress.console.print(f"[yellow]{label}: {result['errors']} errors[/]")
         return result
@@ -600,10 +479,6 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
 # -- main --------------------------------------------------------------------------------
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per c=64 phase (default 10)")
@@ -638,24 +513,17 @@ def main(argv: list[str] | None = None) -> int:
         runs=max(1, min(10, args.runs)),
         tenancy=args.tenancy,
     )
-    # Ctrl-C, SIGTERM and SIGHUP all unwind through the clean-up below (SIGINT explicitly,
-    # as a shell may start a background job with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    # Ctrl-C, SIGTERM and SIGHUP all unwind through the clean-up below.
+    handle_signals()
 
-    children = Children()
     redis: Any = None
     collector: Any = None
     key = None if args.tenancy == "none" else new_key()
     runs: list[RunResult] = []
-    busy = machine_busy(1.0)
-    if busy > 0.2:
-        console.print(
-            f"[yellow]warning: the machine is already {100 * busy:.0f}% busy; "
-            "other load makes these numbers worse and noisier[/]"
-        )
-    with tempfile.TemporaryDirectory(prefix="shuniu-bench-") as tmp:
+    busy = warn_if_busy(console.print, "other load makes these numbers worse and noisier")
+    # Leaving this block (also by Ctrl-C, SIGTERM or an error) stops the gateway, the upstream,
+    # the collector and redis-server, and only then removes their logs.
+    with tempfile.TemporaryDirectory(prefix="shuniu-bench-") as tmp, Children() as children:
         tmpdir = Path(tmp)
         try:
             with Progress(
@@ -668,20 +536,21 @@ def main(argv: list[str] | None = None) -> int:
                 refresh_per_second=4,
                 transient=True,
             ) as progress:
-                runner = Runner(settings, children, progress, key)
+                runner = Runner(settings, children, progress, key, tmpdir)
                 progress.update(runner.overall, description="[bold]starting upstream and gateway[/]")
                 if args.tenancy == "redis":
-                    redis = start_redis()
+                    redis = start_redis(children)
+                    if redis is None:
+                        raise RuntimeError(
+                            "--tenancy redis needs redis-server (apt-get install -y redis-server)"
+                        )
                     runner.watch["redis"] = redis.pid
                 if args.observability == "tracing":
-                    collector = start_collector()
+                    collector = start_collector(children)
                 upstream = children.start(
-                    "upstream",
-                    [sys.executable, str(UPSTREAM), "--port", "0"],
-                    tmpdir / "upstream.log",
-                    _UPSTREAM_READY,
-                    30,
+                    "upstream", [sys.executable, str(UPSTREAM), "--port", "0"], tmpdir / "upstream.log"
                 )
+                wait_serving(upstream, 30)
                 deployment = tmpdir / "deployment.yaml"
                 deployment.write_text(
                     deployment_yaml(
@@ -697,29 +566,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 gateway = children.start(
                     "gateway",
-                    [*_shuniu_command(), "serve", str(deployment), "--port", "0"],
+                    [*shuniu_command(), "serve", str(deployment), "--port", "0"],
                     tmpdir / "gateway.log",
-                    _GATEWAY_READY,
-                    60,
                 )
+                wait_serving(gateway, 60)
                 progress.update(runner.overall, description="[bold]all runs[/]")
                 for n in range(1, settings.runs + 1):
                     runs.append(runner.run(n, upstream, gateway))
                     if gateway.proc.poll() is not None:
                         raise RuntimeError(f"the gateway exited:\n{gateway.log_tail()}")
                 gateway_log = gateway.log_tail(200)
-        except KeyboardInterrupt:
-            console.print("[red]interrupted; stopping the processes this run started[/]")
-            return 130
-        except RuntimeError as exc:
-            console.print(f"[red]benchmark failed:[/] {exc}")
-            return 1
-        finally:
-            children.stop_all()
-            if redis is not None:
-                redis.close()  # stops it by its PID
-            if collector is not None:
-                collector.stop()
+        except (KeyboardInterrupt, RuntimeError) as exc:
+            return failed(console.print, exc)
 
     summary = summarize(runs)
     ok = verdicts(summary)
@@ -749,24 +607,19 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         console.print("[yellow]the gateway logged problems (last 10):[/]\n" + "\n".join(problems[-10:]))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "meta": meta,
-                    "targets": {
-                        "added_p50_ms": TARGET_ADDED_P50_MS,
-                        "rps": TARGET_RPS,
-                        "rss_mib": TARGET_RSS_MIB,
-                        "rss_growth_tolerance_mib": RSS_GROWTH_TOLERANCE_MIB,
-                    },
-                    "verdicts": ok,
-                    "summary": summary,
-                    "runs": [r.__dict__ for r in runs],
-                },
-                indent=2,
-            )
-        )
-        console.print(f"numbers written to {args.json}")
+        report = {
+            "meta": meta,
+            "targets": {
+                "added_p50_ms": TARGET_ADDED_P50_MS,
+                "rps": TARGET_RPS,
+                "rss_mib": TARGET_RSS_MIB,
+                "rss_growth_tolerance_mib": RSS_GROWTH_TOLERANCE_MIB,
+            },
+            "verdicts": ok,
+            "summary": summary,
+            "runs": [r.__dict__ for r in runs],
+        }
+        write_json(args.json, report, say=console.print)
     return 0
 
 

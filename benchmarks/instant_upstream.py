@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import socket
 import sys
 import time
 from typing import Any
 
 import httptools
 import msgspec
+from harness import set_nodelay
 
 __all__ = ["DEFAULT_TOKENS", "MAX_TOKENS", "UpstreamProtocol", "build_response", "main", "start_server"]
 
@@ -227,12 +227,7 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        set_nodelay(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None

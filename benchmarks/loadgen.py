@@ -27,6 +27,10 @@ upstream ignores it). ``--body-json JSON`` merges fields into every request body
 stime) at the start and end of the measured window only, and the machine's CPU use
 (``/proc/stat``) over the same window.
 
+Latency percentiles of the Python engine interpolate linearly between the two nearest ranks
+(``shuniu.core.stats.percentile``, through ``harness.py``; before, they were nearest-rank);
+``wrk``'s come from its own histogram.
+
 Examples::
 
     python benchmarks/loadgen.py latency http://127.0.0.1:9000/v1 --compare http://127.0.0.1:8000/v1
@@ -43,10 +47,7 @@ import asyncio
 import json
 import os
 import re
-import resource
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,13 +57,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+from harness import CLK_TCK, CpuWindow, handle_signals, latency_summary_ms, set_nodelay
 
 __all__ = [
-    "CpuWatch",
     "Result",
     "check_header",
     "make_body",
-    "percentile",
     "run_latency",
     "run_saturation",
 ]
@@ -71,7 +71,6 @@ MAX_DURATION_S = 600.0
 MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 1024
 _ALLOWED_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1"}
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 _OWN_HEADERS = {"host", "content-type", "content-length", "transfer-encoding", "connection"}
 
@@ -146,73 +145,6 @@ def _request_bytes(target: Target, body: bytes, headers: Headers | None = None) 
     ).encode("latin-1") + body
 
 
-# -- CPU accounting ----------------------------------------------------------------------
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def _machine_cpu() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs."""
-    with open("/proc/stat", "rb") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    total = sum(values[:8])
-    return total - idle, total
-
-
-def _self_cpu_s() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-class CpuWatch:
-    """CPU seconds used by named processes (and by this one and the machine) over a window."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self._start: dict[str, float] = {}
-        self.cpu_s: dict[str, float] = {}
-        self.machine_busy = 0.0
-        self.loadgen_cpu_s = 0.0
-        self.window_s = 0.0
-        self.other_cores = 0.0
-
-    def _read(self) -> dict[str, float]:
-        out = {}
-        for name, pid in self.pids.items():
-            try:
-                out[name] = proc_cpu_s(pid)
-            except (OSError, ValueError, IndexError):
-                out[name] = float("nan")
-        return out
-
-    def start(self) -> None:
-        self._start = self._read()
-        self._machine = _machine_cpu()
-        self._self = _self_cpu_s()
-        self._t0 = time.perf_counter()
-
-    def stop(self) -> None:
-        end = self._read()
-        self.cpu_s = {k: round(end[k] - self._start[k], 3) for k in end}
-        busy, total = _machine_cpu()
-        db, dt = busy - self._machine[0], total - self._machine[1]
-        self.machine_busy = round(db / dt, 3) if dt > 0 else 0.0
-        self.loadgen_cpu_s = round(_self_cpu_s() - self._self, 3)
-        self.window_s = time.perf_counter() - self._t0
-        # What the rest of the machine used meanwhile (other people's jobs skew every number).
-        watched = sum(v for v in self.cpu_s.values() if v == v) + self.loadgen_cpu_s
-        if self.window_s > 0:
-            self.other_cores = round(max(0.0, (db / _CLK_TCK - watched) / self.window_s), 3)
-
-
 # -- results -----------------------------------------------------------------------------
 
 
@@ -237,42 +169,28 @@ class Result:
     note: str = ""
     compare: dict[str, Any] | None = None  # latency --compare: the second URL's result
 
-    def finish(self, watch: CpuWatch | None) -> Result:
+    def finish(self, watch: CpuWindow | None) -> Result:
         if self.duration_s > 0:
             self.rps = round(self.requests / self.duration_s, 1)
             self.chunks_per_s = round(self.chunks / self.duration_s, 1)
         if watch is not None:
-            self.cpu_s = watch.cpu_s
-            self.machine_cpu_busy = watch.machine_busy
-            self.loadgen_cpu_s = watch.loadgen_cpu_s
-            self.other_cores = watch.other_cores
+            self.cpu_s = {k: round(v, 3) for k, v in watch.cpu_s.items()}
+            self.machine_cpu_busy = round(watch.machine_busy, 3)
+            self.loadgen_cpu_s = round(watch.own_cpu_s, 3)
+            # What the rest of the machine used meanwhile (other people's jobs skew every number).
+            watched = sum(v for v in self.cpu_s.values() if v == v) + self.loadgen_cpu_s
+            if watch.wall_s > 0:
+                self.other_cores = round(max(0.0, (watch.ticks.busy / CLK_TCK - watched) / watch.wall_s), 3)
             if self.requests:
                 self.cpu_ms_per_request = {
-                    k: round(1000 * v / self.requests, 4) for k, v in watch.cpu_s.items()
+                    k: round(1000 * v / self.requests, 4) for k, v in self.cpu_s.items()
                 }
         return self
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
-
-
-def _latency_summary(samples_s: list[float]) -> dict[str, float]:
-    s = sorted(samples_s)
-    if not s:
-        return {}
-    return {
-        "p50": round(1000 * percentile(s, 50), 4),
-        "p90": round(1000 * percentile(s, 90), 4),
-        "p99": round(1000 * percentile(s, 99), 4),
-        "max": round(1000 * s[-1], 4),
-        "mean": round(1000 * sum(s) / len(s), 4),
-        "n": len(s),
-    }
+def _watch(pids: dict[str, int]) -> CpuWindow:
+    """CPU of the watched processes, of this one with the ``wrk`` it ran, of the machine."""
+    return CpuWindow(dict(pids), own_children=True)
 
 
 # -- the Python engine -------------------------------------------------------------------
@@ -310,15 +228,6 @@ class _Response:
         return True, self.events - 1
 
 
-def _nodelay(transport: Any) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-
-
 class _Shared:
     """State of one saturation run, shared by its connections."""
 
@@ -346,7 +255,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        _nodelay(transport)
+        set_nodelay(transport)
         self.send()
 
     def send(self) -> None:
@@ -396,7 +305,7 @@ async def _saturate(
     concurrency: int,
     warmup_s: float,
     duration_s: float,
-    watch: CpuWatch | None,
+    watch: CpuWindow | None,
     headers: Headers | None = None,
 ) -> tuple[_Shared, float]:
     loop = asyncio.get_running_loop()
@@ -455,7 +364,7 @@ class _SeqConn(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        _nodelay(transport)
+        set_nodelay(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -505,7 +414,7 @@ async def _sequential(
     warmup: int,
     max_seconds: float,
     block: int,
-    watch: CpuWatch | None,
+    watch: CpuWindow | None,
 ) -> None:
     """c=1 against each target in turn, ``block`` requests at a time, so that load from
     elsewhere on the machine hits every target alike."""
@@ -587,7 +496,7 @@ def run_latency(
     for url in [base_url] if compare is None else [base_url, compare]:
         target = parse_target(url, api)
         series.append(_Series(target, _request_bytes(target, body, headers)))
-    watch = CpuWatch(watch_pids) if watch_pids else None
+    watch = _watch(watch_pids) if watch_pids else None
     _run_loop(
         _sequential(
             series,
@@ -599,11 +508,11 @@ def run_latency(
             watch=watch,
         )
     )
-    results = []
+    results: list[Result] = []
     for s in series:
         res = Result("latency", "python", s.target.url, 1, round(s.elapsed, 3), len(s.latencies), s.errors)
         res.chunks = s.events
-        res.latency_ms = _latency_summary(s.latencies)
+        res.latency_ms = latency_summary_ms(s.latencies)
         if len(s.latencies) + s.errors < requests:
             res.note = f"stopped after {max_seconds:g} s with {len(s.latencies)} of {requests} requests"
         results.append(res.finish(watch if not results else None))
@@ -670,7 +579,7 @@ def _wrk_run(
     stream: bool,
     concurrency: int,
     duration_s: float,
-    watch: CpuWatch | None,
+    watch: CpuWindow | None,
     headers: Headers | None = None,
 ) -> tuple[dict[str, Any], float]:
     wrk = shutil.which("wrk")
@@ -732,7 +641,7 @@ def run_saturation(
         engine = "wrk" if shutil.which("wrk") else "python"
     if engine == "wrk" and not shutil.which("wrk"):
         raise SystemExit("loadgen: --engine wrk but wrk is not on PATH (apt-get install -y wrk)")
-    watch = CpuWatch(watch_pids or {})
+    watch = _watch(watch_pids or {})
     mode = "stream" if stream else "rps"
     if engine == "wrk":
         if warmup_s > 0:
@@ -782,7 +691,7 @@ def run_saturation(
     )
     res = Result(mode, "python", target.url, concurrency, round(elapsed, 3), shared.completed, shared.errors)
     res.chunks = shared.events
-    res.latency_ms = _latency_summary(shared.latencies)
+    res.latency_ms = latency_summary_ms(shared.latencies)
     return res.finish(watch)
 
 
@@ -841,10 +750,6 @@ def _print_human(res: Result) -> None:
             print(f"second minus first: p50 {b['p50'] - a['p50']:+.3f} ms, p99 {b['p99'] - a['p99']:+.3f} ms")
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Load generator for OpenAI-style endpoints on 127.0.0.1.",
@@ -880,8 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so a wrk child is killed (subprocess.run does that on exit).
-    signal.signal(signal.SIGTERM, _on_signal)
+    # SIGTERM (and SIGINT, SIGHUP) unwind as SystemExit, so a wrk child is killed
+    # (subprocess.run does that on an exception); the exit status tells the runner.
+    handle_signals(as_exit=True)
 
     if args.mode == "latency":
         res = run_latency(

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
 from rich.console import Console
 from rich.table import Table
 
-from shuniu.core.composite import Composite
-from shuniu.core.interfaces import BackendBase
-from shuniu.core.pool import EndpointState, Pool
+from shuniu.core.contracts import BackendBase
+from shuniu.core.pools.composite import Composite
+from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome, Principal
 from shuniu.plugins.balancers.least_load import LeastLoad, LoadScorer
 from shuniu.plugins.balancers.least_requests import LeastRequests
@@ -158,7 +158,7 @@ def main() -> None:
                 sched.add_row(name, str(n), f"{free_path:.2f}", f"{queued_path:.2f}")
     console.print(sched)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

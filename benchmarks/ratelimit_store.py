@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from shuniu.core.ratelimit import Lease, Rate
+from harness import Children, handle_signals, start_redis
+
+from shuniu.core.contracts import Lease, Rate
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 from shuniu.plugins.ratelimit.redis_store import RedisRateLimitOptions, RedisRateLimitStore
 
 DAY = 86400.0
-ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 async def one(store: Any, i: int) -> None:
@@ -58,28 +57,22 @@ async def main() -> None:
     memory = MemoryRateLimitStore()
     print(f"memory            {await measure(memory, args.n * 5, 1):8.2f} us per acquire+settle")
 
-    server = None
-    url = args.url
-    if url is None:
-        sys.path.insert(0, ROOT)  # for tests/
-        from tests.redis_server import RedisServer, redis_server_binary
-
-        binary = redis_server_binary()
-        if binary is None:
-            print("redis: no redis-server installed (give --url)")
-            return
-        server = RedisServer(binary)
-        server.start()
-        url = server.url
-    store = RedisRateLimitStore(RedisRateLimitOptions(url=url, key_prefix="bench:rl:"))
-    try:
-        print(f"redis, 1 at once  {await measure(store, args.n, 1):8.2f} us per acquire+settle")
-        print(f"redis, 64 at once {await measure(store, args.n, 64):8.2f} us per acquire+settle")
-    finally:
-        await store.close()
-        if server is not None:
-            server.close()
+    with Children() as children:  # a redis-server started here is stopped on leaving, by its PID
+        url = args.url
+        if url is None:
+            server = start_redis(children)
+            if server is None:
+                print("redis: no redis-server installed (give --url)")
+                return
+            url = server.url
+        store = RedisRateLimitStore(RedisRateLimitOptions(url=url, key_prefix="bench:rl:"))
+        try:
+            print(f"redis, 1 at once  {await measure(store, args.n, 1):8.2f} us per acquire+settle")
+            print(f"redis, 64 at once {await measure(store, args.n, 64):8.2f} us per acquire+settle")
+        finally:
+            await store.close()
 
 
 if __name__ == "__main__":
+    handle_signals()  # Ctrl-C, SIGTERM and SIGHUP unwind through the redis-server's clean-up
     asyncio.run(main())

@@ -26,20 +26,20 @@ deployment files are written next to the results and the command line is printed
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shuniu.backends.sim.simulate import SimulationResult, simulate
-from shuniu.backends.sim.workload import load_workload
-from shuniu.core.config_loader import load_deployment
+from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.traffic import load_workload
+from shuniu.plugins.tools.simulate import SimulationResult, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -238,7 +238,7 @@ def main() -> None:
                     console.print(_line(key, row))
             report["cases"][key] = entry
     report["wall_s"] = time.perf_counter() - started
-    (args.out / "routing_policies.json").write_text(json.dumps(report, indent=2))
+    write_json(args.out / "routing_policies.json", report)
     md = markdown(report)
     (args.out / "routing_policies.md").write_text(md)
     for key, entry in report["cases"].items():

