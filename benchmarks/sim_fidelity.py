@@ -1,5 +1,9 @@
 """How close is the engine simulator to a real vLLM? Measure, calibrate, predict, compare.
 
+Why this file is long: it is one command-line experiment (measure a real vLLM, calibrate the
+simulator, predict, compare) whose stages share their data structures and report; its
+shared machinery (processes, ports, statistics) is in ``harness.py``.
+
 Usage::
 
     .venv/bin/python benchmarks/sim_fidelity.py                       # ~10 minutes

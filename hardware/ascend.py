@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuniu.core import hookimpl
-from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
+from shuniu.core.contracts import DeviceReading, HardwareProbe, ProbeReport, RegisterHardwareProbe
 from shuniu.hardware.types import MIB
 
 __all__ = [
@@ -228,7 +228,7 @@ def _pair(value: Any) -> tuple[float, float] | None:
 # --------------------------------------------------------------------------- the probe
 
 
-class AscendProbe:
+class AscendProbe(HardwareProbe):
     """Ascend NPUs: ``torch_npu`` when it imports, else ``npu-smi info``."""
 
     def __init__(

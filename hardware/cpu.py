@@ -13,7 +13,7 @@ import platform
 from pathlib import Path
 
 from shuniu.core import hookimpl
-from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
+from shuniu.core.contracts import DeviceReading, HardwareProbe, ProbeReport, RegisterHardwareProbe
 
 __all__ = ["CpuProbe", "read_meminfo", "read_model_name"]
 
@@ -68,7 +68,7 @@ def _cgroup_limits(root: Path) -> dict[str, float | int]:
     return out
 
 
-class CpuProbe:
+class CpuProbe(HardwareProbe):
     """The host CPU as one device."""
 
     def __init__(

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from shuniu.core import hookimpl
-from shuniu.core.contracts import DeviceReading, ProbeReport, RegisterHardwareProbe
+from shuniu.core.contracts import DeviceReading, HardwareProbe, ProbeReport, RegisterHardwareProbe
 
 __all__ = ["MISSING_REASON", "NvidiaProbe", "VisibleMap", "map_cuda_visible_devices"]
 
@@ -151,7 +151,7 @@ def _text(value: Any) -> Any:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-class NvidiaProbe:
+class NvidiaProbe(HardwareProbe):
     """Reads every GPU NVML can see: name, memory, utilization, temperature, power."""
 
     def __init__(self, options: object | None = None, *, environ: Mapping[str, str] | None = None) -> None:

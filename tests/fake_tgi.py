@@ -1,5 +1,10 @@
 """A protocol-faithful fake of Hugging Face Text Generation Inference (TGI), for tests.
 
+Why this file is long: it is one fake server, and it is kept whole so that it can be read
+side by side with TGI's router source and OpenAPI document it was built from (routes,
+validation order, error bodies, the batching that the metrics report); split, the
+correspondence would be lost.
+
 TGI needs a GPU and cannot run where the suite runs, so the ``tgi`` backend is tested
 against this fake, as DESIGN.md ("Testing with real parts") allows. It is a FAKE: there is
 no model and no tokenizer. A token is a whitespace-separated word of the input, generated

@@ -5,6 +5,10 @@ what is faithful is the HTTP surface: paths, request validation, response and er
 bodies, streaming framing, metric names and labels, and how the load numbers move with the
 requests in flight.
 
+Why this file is long: two fake servers (``trtllm-serve`` and Triton's generate extension)
+that share their fake executor, kept in one file so each can be read against the TensorRT-LLM
+and Triton sources it follows.
+
 Built from these published documents and sources (their main branches as read for this work,
 mid-2026; TensorRT-LLM 1.x, Triton 2.x):
 

@@ -51,7 +51,8 @@ def test_every_source_package_is_listed_for_the_wheel() -> None:
     install and is silently left out of the wheel; the list must name every one."""
     import tomllib
 
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["packages"])
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    listed = set(project["tool"]["setuptools"]["packages"])
     found = {
         "shuniu." + ".".join(init.parent.relative_to(ROOT).parts)
         for top in ("core", "plugins", "backends", "hardware")

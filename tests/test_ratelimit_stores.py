@@ -24,8 +24,9 @@ import pytest
 from shuniu.core.contracts import Decision, Lease, Rate
 from shuniu.core.extras import MissingExtraError
 from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitOptions, MemoryRateLimitStore
-from shuniu.plugins.ratelimit.redis_store import RedisRateLimitOptions, RedisRateLimitStore, redact_url
+from shuniu.plugins.ratelimit.redis_store import RedisRateLimitOptions, RedisRateLimitStore
 from tests.redis_server import RedisServer
 
 DAY = 86400.0

@@ -3,6 +3,10 @@ mapping, and the backend itself, alone and behind a real ``shuniu serve`` gatewa
 the ``openai`` SDK, against protocol-faithful FAKE servers (``tests/fake_trtllm.py``):
 TensorRT-LLM and Triton cannot run on these machines.
 
+Why this file is long: one backend with two server kinds (``trtllm-serve``, Triton) and three
+load sources, tested in one place against the same fakes; its sections follow the backend's
+modules (load parsers, options, serve, triton, the gateway in front).
+
 Published documents the fakes and these tests follow (see ``tests/fake_trtllm.py`` for the
 details taken from each):
 

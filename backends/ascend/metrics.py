@@ -13,7 +13,7 @@ counters the load view sums, and no count of aborted requests.
 
 from __future__ import annotations
 
-from shuniu.backends.http.prometheus import MetricsError, samples, series_pattern
+from shuniu.backends.http import MetricsError, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["MINDIE_WANTED", "MetricsError", "parse_mindie_metrics"]

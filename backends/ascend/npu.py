@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from shuniu.core.contracts import ProbeReport
-from shuniu.hardware.ascend import AscendProbe, map_ascend_visible_devices
+from shuniu.hardware import AscendProbe, map_ascend_visible_devices
 
 __all__ = [
     "VISIBLE_DEVICES_ENV",

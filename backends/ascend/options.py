@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shuniu.backends.http.options import http_url, url_path
+from shuniu.backends.http import http_url, url_path
 from shuniu.backends.vllm import VllmOptions
 
 __all__ = ["ENGINE_HEALTH_PATHS", "AscendOptions", "Engine"]

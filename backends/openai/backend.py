@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shuniu.backends.http.openai import OpenAIEngine
+from shuniu.backends.http import OpenAIEngine
 
 __all__ = ["OpenAIBackend"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shuniu.backends.http.options import OpenAIOptions
+from shuniu.backends.http import OpenAIOptions
 from shuniu.core import hookimpl
 from shuniu.core.contracts import Backend, EndpointSpec, RegisterBackend
 

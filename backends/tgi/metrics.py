@@ -16,7 +16,7 @@ so missing queue and batch gauges mean an idle engine, not an error. A page with
 
 from __future__ import annotations
 
-from shuniu.backends.http.prometheus import MetricsError, samples, series_pattern
+from shuniu.backends.http import MetricsError, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_tgi_metrics"]

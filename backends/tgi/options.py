@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from shuniu.backends.http.options import server_root, url_path
+from shuniu.backends.http import server_root, url_path
 from shuniu.core.config import Options
 
 __all__ = ["TgiOptions"]

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
+from shuniu.backends.http import MetricsError, label_dict, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shuniu.backends.http.options import OpenAIOptions, server_root, url_path
+from shuniu.backends.http import OpenAIOptions, server_root, url_path
 from shuniu.core.config import Options
 
 __all__ = ["ChatTemplate", "TrtllmOptions"]

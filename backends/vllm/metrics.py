@@ -14,7 +14,7 @@ fractions means nothing.
 
 from __future__ import annotations
 
-from shuniu.backends.http.prometheus import MetricsError, samples, series_pattern
+from shuniu.backends.http import MetricsError, samples, series_pattern
 from shuniu.core.types import EndpointLoad
 
 __all__ = ["WANTED", "MetricsError", "parse_vllm_metrics"]

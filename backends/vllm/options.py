@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from shuniu.backends.http.options import OpenAIOptions, server_root, url_path
+from shuniu.backends.http import OpenAIOptions, server_root, url_path
 
 __all__ = ["VllmOptions"]
 

@@ -17,10 +17,13 @@ from typing import Any, NamedTuple
 from shuniu.core.config import EndpointConfig, ModelConfig
 from shuniu.core.config.loader import ResolvedDeployment, expand_endpoints
 from shuniu.core.contracts import (
+    Authenticator,
     Backend,
     Balancer,
+    CacheStore,
     EndpointSpec,
     Filter,
+    RateLimitStore,
     Registration,
     Scheduler,
     Scorer,
@@ -211,14 +214,17 @@ class PoolBuilder:
         priorities."""
         config = resolved.deployment
         registered = self.plugins.registered("authenticators")
-        authenticators = [
-            registered[cfg.kind].factory(resolved.authenticator_options.get(i))
-            for i, cfg in enumerate(config.auth.authenticators)
-        ]
+        authenticators = []
+        for i, cfg in enumerate(config.auth.authenticators):
+            reg = registered[cfg.kind]
+            made = reg.factory(resolved.authenticator_options.get(i))
+            authenticators.append(_checked(made, Authenticator, reg, "authenticator"))
         rl = config.rate_limits
         if store is None and (rl is not None or limits_in_use(config, resolved.authenticator_options)):
-            name = rl.store if rl is not None else "memory"
-            store = self.plugins.registered("rate_limiters")[name].factory(resolved.rate_limit_options)
+            reg = self.plugins.registered("rate_limiters")[rl.store if rl is not None else "memory"]
+            store = _checked(
+                reg.factory(resolved.rate_limit_options), RateLimitStore, reg, "rate-limit store"
+            )
         tenancy = Tenancy(config, authenticators, store)
         priorities = tenancy.priorities
         if priorities:
@@ -230,5 +236,7 @@ class PoolBuilder:
         cfg = resolved.deployment.cache
         if cfg is None:
             return None
-        store = self.plugins.registered("caches")[cfg.store].factory(resolved.cache_options)
-        return ResponseCache(cfg, store)
+        reg = self.plugins.registered("caches")[cfg.store]
+        return ResponseCache(
+            cfg, _checked(reg.factory(resolved.cache_options), CacheStore, reg, "cache store")
+        )

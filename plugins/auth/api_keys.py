@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import LimitsConfig, Options
-from shuniu.core.contracts import AuthenticatorOptions, RegisterAuthenticator
+from shuniu.core.contracts import Authenticator, AuthenticatorOptions, RegisterAuthenticator
 from shuniu.core.types import Limits, Principal
 
 __all__ = ["ApiKey", "ApiKeys", "ApiKeysOptions", "hash_key", "new_key"]
@@ -156,7 +156,7 @@ def _limits(cfg: LimitsConfig | None) -> Limits | None:
     return Limits(cfg.rpm, cfg.rpd, cfg.tpm, cfg.tpd, cfg.concurrency)
 
 
-class ApiKeys:
+class ApiKeys(Authenticator):
     """Finds a key's principal by the SHA-256 of the presented key."""
 
     __slots__ = ("_by_digest",)

@@ -30,7 +30,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator,
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.contracts import RegisterAuthenticator
+from shuniu.core.contracts import Authenticator, RegisterAuthenticator
 from shuniu.core.errors import GatewayError
 from shuniu.core.extras import MissingExtraError, require
 from shuniu.core.tenancy.auth import invalid_credentials
@@ -402,7 +402,7 @@ def _refuse(reason: str) -> GatewayError:
     return invalid_credentials(reason)
 
 
-class JwtAuthenticator:
+class JwtAuthenticator(Authenticator):
     """Verifies JWTs against fixed algorithms, keys, issuer and audience."""
 
     def __init__(self, options: JwtOptions) -> None:

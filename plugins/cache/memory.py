@@ -10,7 +10,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.contracts import RegisterCacheStore
+from shuniu.core.contracts import CacheStore, RegisterCacheStore
 
 __all__ = ["MemoryCache", "MemoryCacheOptions"]
 
@@ -24,7 +24,7 @@ class MemoryCacheOptions(Options):
     """Most bytes of answers kept (encoded size)."""
 
 
-class MemoryCache:
+class MemoryCache(CacheStore):
     """LRU by entries and bytes; expired entries are dropped when met. Not shared between
     processes, so the fill lock is always granted (single-flight inside the process is the
     request path's job)."""

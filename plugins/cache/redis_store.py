@@ -17,9 +17,9 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.contracts import RegisterCacheStore
+from shuniu.core.contracts import CacheStore, RegisterCacheStore
 from shuniu.core.extras import require
-from shuniu.plugins.ratelimit.redis_store import redact_url
+from shuniu.core.urls import redact_url
 
 __all__ = ["RedisCache", "RedisCacheOptions"]
 
@@ -49,7 +49,7 @@ class RedisCacheOptions(Options):
     """Connection pool size."""
 
 
-class RedisCache:
+class RedisCache(CacheStore):
     """A cache store in Redis (``SET … PX`` for answers, ``SET NX PX`` for fill locks)."""
 
     def __init__(self, options: RedisCacheOptions | None = None) -> None:

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.contracts import Decision, Lease, Rate, RegisterRateLimitStore
+from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.plugins.ratelimit.gcra import check, remaining
 
 __all__ = ["MemoryRateLimitOptions", "MemoryRateLimitStore"]
@@ -44,7 +44,7 @@ class MemoryRateLimitOptions(Options):
     finely (e.g. by a value clients choose)."""
 
 
-class MemoryRateLimitStore:
+class MemoryRateLimitStore(RateLimitStore):
     """The :class:`shuniu.core.contracts.RateLimitStore` of one process."""
 
     clock: Callable[[], float]

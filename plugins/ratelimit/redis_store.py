@@ -34,14 +34,15 @@ from pydantic import Field, field_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
-from shuniu.core.contracts import Decision, Lease, Rate, RegisterRateLimitStore
+from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.core.extras import require
+from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["RedisRateLimitOptions", "RedisRateLimitStore", "StoreCongestedError", "redact_url"]
+__all__ = ["RedisRateLimitOptions", "RedisRateLimitStore", "StoreCongestedError"]
 
 log = logging.getLogger("shuniu.ratelimit")
 
@@ -233,16 +234,6 @@ class RedisRateLimitOptions(Options):
         return url
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its user, password and query (which may hold a password too)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    netloc = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{netloc}{parts.path}"
-
-
 def _secrets(url: str) -> list[str]:
     """The passwords in ``url`` (userinfo and ``?password=``), to scrub from messages."""
     try:
@@ -253,7 +244,7 @@ def _secrets(url: str) -> list[str]:
     return [s for s in found if s]
 
 
-class RedisRateLimitStore:
+class RedisRateLimitStore(RateLimitStore):
     """The :class:`shuniu.core.contracts.RateLimitStore` shared through Redis."""
 
     clock: Callable[[], float]
