@@ -200,7 +200,7 @@ def generate() -> str:
     """The Markdown between the markers."""
     out: list[str] = [
         "<!-- This section is written by docs/gen_reference.py from the code; edit the",
-        "     docstrings in core/config.py and in the plugins' options models instead. -->",
+        "     docstrings in core/config/model.py and in the plugins' options models instead. -->",
         "",
         "### Deployment file",
         "",

@@ -7,6 +7,7 @@ deployment does not use it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from shuniu.core.errors import GatewayError
@@ -51,14 +52,17 @@ def check_tier(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> Tier | No
     return tier
 
 
-async def acquire(
+def acquire(
     tenancy: Tenancy, req: InferenceRequest, tier: Tier | None, trace: RequestTrace | None
-) -> Admission | None:
+) -> Awaitable[Admission | None]:
     """The request's hold on its rate limits (429 when one refuses), or ``None`` when no
-    limit applies."""
+    limit applies. Not a coroutine itself: without tracing, the store's own coroutine is
+    returned as it is (one frame less per request)."""
     acquiring = tenancy.acquire(req, tier or tenancy.tiers["default"])
-    if trace is None:
-        return await acquiring
+    return acquiring if trace is None else _traced_acquire(acquiring, trace)
+
+
+async def _traced_acquire(acquiring: Awaitable[Admission | None], trace: RequestTrace) -> Admission | None:
     span = trace.child("shuniu.rate_limit")
     try:
         return await acquiring
