@@ -77,7 +77,7 @@ UPSTREAM = HERE / "instant_upstream.py"
 LOADGEN = HERE / "loadgen.py"
 MODEL = "bench"
 
-# Targets (docs: DESIGN.md, "Performance facts measured on these machines").
+# Targets (benchmarks/README.md, "Reference numbers").
 TARGET_ADDED_P50_MS = 1.0
 TARGET_RPS = 2000.0
 TARGET_RSS_MIB = 100.0
@@ -409,7 +409,7 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
             f"load generator: {meta['engines']}, {meta['cpus']} CPUs, "
             f"machine {100 * meta['busy_before']:.0f}% busy before start; "
             f"balancer {meta['balancer']}, scheduler {meta['scheduler']}, tenancy {tenancy}{features}. "
-            "*ref: a bare aiohttp reverse proxy on uvloop, same machines (DESIGN.md). "
+            "*ref: a bare aiohttp reverse proxy on uvloop, same machines (benchmarks/README.md). "
             "RSS growth: run end minus the previous run's end."
         ),
     )

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/vllm_overhead.py [--requests N] [--concurrency 1 16] [--quick]
 
 It starts one vLLM server (vLLM's CPU build serving the tiny random Llama of
-``tests/tiny_model.py``; DESIGN.md, "Testing with real parts") and one ``shuniu serve`` with a
+``tests/tiny_model.py``; docs/testing.md) and one ``shuniu serve`` with a
 generated deployment whose only endpoint is that server (``kind: vllm``, the ``round_robin``
 balancer and the default scheduler unless ``--balancer``/``--scheduler`` say otherwise), both
 on 127.0.0.1. Then, for each concurrency, it sends streamed chat completions of exactly
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = [max(1, min(256, c)) for c in args.concurrency]
     if not args.vllm_python.exists():
         console.print(
-            f"[red]no vLLM Python at {args.vllm_python}[/] (see DESIGN.md; .ci/vllm-venv.sh builds one)"
+            f"[red]no vLLM Python at {args.vllm_python}[/] (see docs/testing.md; .ci/vllm-venv.sh builds one)"
         )
         return 2
 

@@ -198,15 +198,29 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         show_default=True,
         help="The gateway's address (or set SHUNIU_URL).",
     )
+    @click.option(
+        "--admin-key",
+        envvar="SHUNIU_ADMIN_KEY",
+        default=None,
+        help="An admin key (or set SHUNIU_ADMIN_KEY): /ready shows engines only to admins, "
+        "unless the gateway sets readiness_details: public.",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
     @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway.")
     @click.pass_context
-    def ps(ctx: click.Context, url: str, as_json: bool, timeout: float) -> None:
+    def ps(ctx: click.Context, url: str, admin_key: str | None, as_json: bool, timeout: float) -> None:
         """Show the engines a running gateway launched (``launch:``), from its /ready."""
         try:
-            body = _fetch_ready(url, timeout)
+            body = _fetch_ready(url, timeout, admin_key)
         except (OSError, ValueError) as exc:
             click.secho(f"cannot read {url.rstrip('/')}/ready: {exc}", fg="red", err=True)
+            ctx.exit(1)
+        if any(isinstance(m.get("endpoints"), int) for m in body["models"].values()):
+            click.secho(
+                "the gateway shows endpoint details to admins only: pass --admin-key (or SHUNIU_ADMIN_KEY)",
+                fg="red",
+                err=True,
+            )
             ctx.exit(1)
         engines = [
             {
@@ -259,7 +273,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     return cli
 
 
-def _fetch_ready(url: str, timeout: float) -> dict[str, Any]:
+def _fetch_ready(url: str, timeout: float, admin_key: str | None = None) -> dict[str, Any]:
     """The gateway's ``/ready`` body (a 503 while not ready still has one)."""
     import urllib.error
     import urllib.request
@@ -267,8 +281,11 @@ def _fetch_ready(url: str, timeout: float) -> dict[str, Any]:
     target = url.rstrip("/") + "/ready"
     if not target.startswith(("http://", "https://")):
         raise ValueError("the URL must start with http:// or https://")
+    request = urllib.request.Request(target)
+    if admin_key:
+        request.add_header("Authorization", f"Bearer {admin_key}")
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code != 503:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "PROTOCOL_ERROR",
     "ConfigError",
     "GatewayError",
     "Problem",
@@ -20,6 +21,7 @@ __all__ = [
     "no_healthy_endpoint",
     "not_found",
     "payload_too_large",
+    "protocol_error",
     "upstream_error",
 ]
 
@@ -119,6 +121,17 @@ def no_healthy_endpoint(model: str) -> GatewayError:
 
 def upstream_error(message: str, status: int = 502) -> GatewayError:
     return GatewayError(status, message, type="server_error", code="upstream_error")
+
+
+PROTOCOL_ERROR = "upstream_protocol_error"
+"""The code of an engine answer the gateway cannot read (a malformed or oversized event)."""
+
+
+def protocol_error(message: str) -> GatewayError:
+    """A 502 for an engine answer that breaks the protocol (malformed JSON, an event larger
+    than the gateway reads). It is the answer's fault, not the endpoint's health: it is not
+    retried elsewhere and not counted toward ejecting the endpoint."""
+    return GatewayError(502, message, type="server_error", code=PROTOCOL_ERROR)
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -67,8 +67,8 @@ class Principal(msgspec.Struct, frozen=True, omit_defaults=True):
     """A name for the credential (an API key's id, a token's subject), never the secret."""
     tier: str = "default"
     models: frozenset[str] | None = None
-    """Models (names or aliases) this credential may use, on top of its tier's list;
-    ``None``: any the tier allows."""
+    """Models (names or aliases) this credential may use. It narrows the tier: a model must
+    be allowed by both. ``None``: any the tier allows."""
     limits: Limits | None = None
     """Limits of this credential, overriding its tier's per-key limits field by field."""
 

@@ -6,7 +6,7 @@ validation order, error bodies, the batching that the metrics report); split, th
 correspondence would be lost.
 
 TGI needs a GPU and cannot run where the suite runs, so the ``tgi`` backend is tested
-against this fake, as DESIGN.md ("Testing with real parts") allows. It is a FAKE: there is
+against this fake, as docs/testing.md describes. It is a FAKE: there is
 no model and no tokenizer. A token is a whitespace-separated word of the input, generated
 token ``i`` is ``" w{i}"``, and an "engine" step produces one token for every request in
 the running batch. Everything a client can observe on the wire is built from TGI's

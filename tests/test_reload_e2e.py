@@ -44,7 +44,8 @@ SMALL = "  small:\n    endpoints: [{kind: sim, options: {ttft_ms: 0, tokens_per_
 
 
 def _names(gw: GatewayProcess, model: str = "chat") -> set[str]:
-    ready = httpx.get(f"{gw.url}/ready", timeout=10).json()
+    headers = {"authorization": f"Bearer {ADMIN}"}  # endpoint names are for admins
+    ready = httpx.get(f"{gw.url}/ready", headers=headers, timeout=10).json()
     if model not in ready["models"]:
         return set()
     return {e["name"] for e in ready["models"][model]["endpoints"]}

@@ -227,8 +227,19 @@ def test_two_processes_worth_of_caches_fill_once_through_redis(redis_url: str) -
         key = caches[0].key(req, "m", "v1")
         first = await caches[0].lookup(key)
         assert first == (None, True)
+        polls = 0
+        get = caches[1].store.get
+
+        async def counted_get(k: str) -> bytes | None:
+            nonlocal polls
+            polls += 1
+            return await get(k)
+
+        caches[1].store.get = counted_get  # type: ignore[method-assign]
         other = asyncio.create_task(caches[1].lookup(key))  # another "process": polls Redis
-        await asyncio.sleep(0.05)
+        while polls < 3:  # it has looked, found no answer and the lock held, and looked again
+            assert not other.done()
+            await asyncio.sleep(0.005)
         assert not other.done()
         await caches[0].fill(key, req, _filled(["p", "q"]))
         answer, fills = await asyncio.wait_for(other, 5)

@@ -188,3 +188,21 @@ def test_identity_headers_only_without_authenticators() -> None:
             return None
 
     assert not Tenancy(d, [Any_()], None).identity_headers
+
+
+def test_a_credentials_models_narrow_its_tier() -> None:
+    """A key's or token's model list can only take away from its tier's, never add."""
+    d = _deployment(tiers={"free": {"models": ["alias"]}})
+    t = Tenancy(d, [], None)
+    tier = t.tier_of(Principal(tier="free"))
+    in_both = _req({}, Principal(tier="free", models=frozenset({"alias"})))
+    in_both.model = "alias"
+    t.check(in_both, tier, "m")
+    only_tier = _req({}, Principal(tier="free", models=frozenset({"other"})))
+    only_tier.model = "alias"
+    only_token = _req({}, Principal(tier="free", models=frozenset({"m", "other"})))
+    only_token.model = "other"
+    for req in (only_tier, only_token):
+        with pytest.raises(GatewayError) as e:
+            t.check(req, tier, req.model)
+        assert e.value.status == 404

@@ -15,11 +15,13 @@ from shuniu.plugins.auth.api_keys import hash_key, new_key
 from tests.conftest import wait_until
 
 KEYS = {name: new_key() for name in ("free", "pro", "pro2", "other", "limited", "busy")}
+ADMIN_KEY = new_key()
 
 DEPLOYMENT = f"""
 gateway:
   max_messages: 4
   max_header_bytes: 4096
+  admin_keys: ["{hash_key(ADMIN_KEY)}"]
 tiers:
   free:
     priority: 5
@@ -260,18 +262,21 @@ def test_concurrent_identical_misses_go_upstream_once(gw) -> None:  # type: igno
     assert _completed(gw, "slow") - before == 1
 
 
-def test_admin_hardware_needs_a_credential_when_auth_is_on(gw) -> None:  # type: ignore[no-untyped-def]
+def test_admin_hardware_needs_an_admin_key(gw) -> None:  # type: ignore[no-untyped-def]
+    """The hardware readings (device names, UUIDs, bus ids) are for admins, not tenants."""
     assert httpx.get(f"{gw.url}/admin/hardware", timeout=10).status_code == 401
     r = httpx.get(f"{gw.url}/admin/hardware", headers={"authorization": f"Bearer {KEYS['pro']}"}, timeout=30)
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "not_admin")
+    r = httpx.get(f"{gw.url}/admin/hardware", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
     assert r.status_code == 200
     probes = {p["probe"]: p for p in r.json()["probes"]}
     assert probes["cpu"]["available"] and probes["cpu"]["devices"][0]["memory_total_bytes"] > 0
     assert not probes["nvidia"]["available"] and probes["nvidia"]["reason"]
 
 
-def test_admin_hardware_on_an_open_gateway(gateway) -> None:  # type: ignore[no-untyped-def]
+def test_admin_hardware_is_off_on_a_gateway_without_admin_keys(gateway) -> None:  # type: ignore[no-untyped-def]
     r = httpx.get(f"{gateway.url}/admin/hardware", timeout=30)
-    assert r.status_code == 200 and {p["probe"] for p in r.json()["probes"]} >= {"cpu", "nvidia", "ascend"}
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_disabled")
 
 
 JWT_DEPLOYMENT = f"""

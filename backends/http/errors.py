@@ -16,7 +16,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.backends.http.sse import OversizedEvent
+from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 
 __all__ = [
     "PROBE_ERRORS",
@@ -59,6 +60,8 @@ def stream_broken(name: str, exc: BaseException) -> GatewayError:
     aiohttp's read timeouts are connection errors too, and a timeout is a 504."""
     if isinstance(exc, TimeoutError):
         return upstream_error(f"The engine endpoint {name} timed out mid-stream.", 504)
+    if isinstance(exc, OversizedEvent):
+        return protocol_error(f"The engine endpoint {name} sent {exc}.")
     return upstream_error(f"The engine endpoint {name} broke off the stream ({type(exc).__name__}).")
 
 

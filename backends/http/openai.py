@@ -31,7 +31,7 @@ from shuniu.backends.http.options import OpenAIOptions
 from shuniu.backends.http.session import end_stream, open_session
 from shuniu.backends.http.sse import SseLines, data_payload
 from shuniu.core.contracts import BackendBase, EndpointSpec
-from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
 
 __all__ = ["OpenAIEngine", "delta_extras"]
@@ -209,7 +209,7 @@ class OpenAIEngine(BackendBase):
         try:
             body = _decode_body(raw)
         except msgspec.DecodeError:
-            raise upstream_error(f"The engine endpoint {self.name} sent a malformed response.") from None
+            raise protocol_error(f"The engine endpoint {self.name} sent a malformed response.") from None
         if not body.choices:
             raise upstream_error(f"The engine endpoint {self.name} sent no choices.")
         choice = body.choices[0]
@@ -228,7 +228,7 @@ class OpenAIEngine(BackendBase):
         try:
             body = _decode_body(payload)
         except msgspec.DecodeError:
-            raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+            raise protocol_error(f"The engine endpoint {self.name} sent a malformed event.") from None
         if body.error is not None:
             raise upstream_error(
                 f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"

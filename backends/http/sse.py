@@ -19,13 +19,19 @@ from collections import deque
 
 import aiohttp
 
-__all__ = ["MAX_LINE_BYTES", "SseData", "SseLines", "data_payload"]
+__all__ = ["MAX_LINE_BYTES", "OversizedEvent", "SseData", "SseLines", "data_payload"]
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Longest line accepted (64 MiB). It bounds what a misbehaving engine (a body with no
 newline at all) can make the gateway buffer; a longer line fails the stream."""
 
 _DATA = b"data:"
+
+
+class OversizedEvent(aiohttp.ClientPayloadError):
+    """An engine sent a line longer than the reader takes. A payload error, so a backend's
+    stream handling catches it with the other stream breaks; reported as a protocol error,
+    never as the endpoint failing."""
 
 
 class SseLines:
@@ -64,7 +70,7 @@ class SseLines:
             for line in lines:
                 pending.append(line[:-1] if line.endswith(b"\r") else line)
             if len(self._tail) > self._limit:
-                raise aiohttp.ClientPayloadError(f"an event line longer than {self._limit} bytes")
+                raise OversizedEvent(f"an event line longer than {self._limit} bytes")
         return pending.popleft()
 
 

@@ -44,7 +44,7 @@ from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
 from shuniu.backends.tgi.options import TgiOptions
 from shuniu.core.contracts import EndpointSpec
-from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
 
 __all__ = ["TgiBackend"]
@@ -253,7 +253,7 @@ class TgiBackend(OpenAIEngine):
         try:
             body = _decode_generated(raw)
         except msgspec.DecodeError:
-            raise upstream_error(f"The engine endpoint {self.name} sent a malformed response.") from None
+            raise protocol_error(f"The engine endpoint {self.name} sent a malformed response.") from None
         details = body.details
         completion = details.generated_tokens if details is not None else None
         if completion is None:
@@ -284,7 +284,7 @@ class TgiBackend(OpenAIEngine):
                 try:
                     event = _decode_event(data)
                 except msgspec.DecodeError:
-                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+                    raise protocol_error(f"The engine endpoint {self.name} sent a malformed event.") from None
                 if event.error is not None:
                     raise protocol.tgi_error(self.name, str(event.error), event.error_type)
                 token = event.token
@@ -332,7 +332,7 @@ class TgiBackend(OpenAIEngine):
                 try:
                     event = _decode_chat(data)
                 except msgspec.DecodeError:
-                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+                    raise protocol_error(f"The engine endpoint {self.name} sent a malformed event.") from None
                 if event.error is not None:
                     err = event.error
                     message = err.get("message") if isinstance(err, dict) else err

@@ -42,7 +42,7 @@ from shuniu.backends.http import (
 from shuniu.backends.trtllm.metrics import parse_triton_metrics
 from shuniu.backends.trtllm.options import ChatTemplate, TrtllmOptions
 from shuniu.core.contracts import BackendBase, EndpointSpec
-from shuniu.core.errors import GatewayError, bad_request, upstream_error
+from shuniu.core.errors import GatewayError, bad_request, protocol_error, upstream_error
 from shuniu.core.tokens import count_tokens
 from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
 
@@ -383,7 +383,7 @@ class TritonBackend(BackendBase):
                 try:
                     event = _decode(data)
                 except msgspec.DecodeError:
-                    raise upstream_error(f"The engine endpoint {self.name} sent a malformed event.") from None
+                    raise protocol_error(f"The engine endpoint {self.name} sent a malformed event.") from None
                 if not isinstance(event, dict):
                     continue
                 if "error" in event:
@@ -426,7 +426,7 @@ class TritonBackend(BackendBase):
         try:
             body = _decode(raw)
         except msgspec.DecodeError:
-            raise upstream_error(f"The engine endpoint {self.name} sent a malformed response.") from None
+            raise protocol_error(f"The engine endpoint {self.name} sent a malformed response.") from None
         if not isinstance(body, dict) or "text_output" not in body:
             detail = body.get("error") if isinstance(body, dict) else None
             raise upstream_error(

@@ -96,10 +96,42 @@ def _flatten_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
     return "".join(texts)
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of JSON arrays and objects a body may have. Real requests (tool schemas
+included) stay far below; a deeper one is refused with 400, because every later step that
+walks the body (validation, the cache key, the body forwarded to the engine) recurses."""
+
+
+def _too_deep(raw: bytes, body: Any) -> bool:
+    """Whether ``body`` nests deeper than :data:`MAX_DEPTH`. Counting brackets in the raw
+    bytes (in C) bounds the depth from above, so the walk runs only for bodies with many
+    containers (long conversations), and it visits containers only."""
+    if raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+        return False
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _nested_too_deep() -> GatewayError:
+    return bad_request(
+        f"The JSON body of your request is nested more than {MAX_DEPTH} levels deep.", None, "invalid_json"
+    )
+
+
 def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> InferenceRequest:
     """Decode and validate a request body; raise a 400 :class:`GatewayError` if it is bad."""
     try:
         body = _decode(raw)
+    except RecursionError:  # deeper than the decoder goes (about a thousand levels)
+        raise _nested_too_deep() from None
     except msgspec.DecodeError as exc:
         raise bad_request(
             f"We could not parse the JSON body of your request ({exc}).", None, "invalid_json"
@@ -111,6 +143,8 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", None, "invalid_json")
+    if _too_deep(raw, body):
+        raise _nested_too_deep()
     try:
         parsed: _ChatBody | _CompletionBody = msgspec.convert(
             body, _ChatBody if api == "chat" else _CompletionBody
@@ -118,6 +152,7 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
     except msgspec.ValidationError as exc:
         raise _validation_error(exc) from None
 
+    token_ids: list[int] | None = None
     if api == "chat":
         assert isinstance(parsed, _ChatBody)
         if "messages" not in body:
@@ -158,7 +193,8 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         if isinstance(p, str):
             prompt, prompt_tokens = p, count_tokens(p)
         elif p and all(type(t) is int for t in p):
-            prompt, prompt_tokens = " ".join(map(str, p)), len(p)
+            # The ids are the prompt exactly: counts and block_tokens prefix hashing use them.
+            prompt, prompt_tokens, token_ids = " ".join(map(str, p)), len(p), list(p)
         else:
             raise bad_request(
                 "'prompt' must be a string, a list of token ids, or a list with one of those.",
@@ -207,6 +243,7 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         seed=parsed.seed,
         priority=parsed.priority,
         arrival=now,
+        token_ids=token_ids,
     )
 
 

@@ -128,6 +128,17 @@ class GatewayConfig(_Strict):
     the admin API answers 403."""
     admin_keys_env: str | None = None
     """An environment variable holding more admin key hashes (comma or space separated)."""
+    readiness_details: Literal["admin", "public"] = "admin"
+    """What ``/ready`` and ``/status.json`` show without an admin key: ``admin`` (the
+    default) says ready or not with counts per model, and keeps endpoint names, addresses,
+    health details, launched engines' PIDs, ports and logs for an admin key; ``public``
+    shows everything to anyone who can reach them (a gateway only trusted hosts reach)."""
+    metrics_keys: list[str] = Field(default_factory=list)
+    """SHA-256 hashes (``sha256:<hex>``) of bearer tokens that may read ``/metrics`` (admin
+    keys may too). Empty: ``/metrics`` is open, as Prometheus scrapes usually are inside a
+    cluster."""
+    metrics_keys_env: str | None = None
+    """An environment variable holding more metrics token hashes (comma or space separated)."""
     tracing: TracingConfig | None = None
     """OpenTelemetry tracing. ``None``: as ``exporter: auto`` (on only when the process
     already has an SDK tracer provider); a client's ``traceparent`` is passed to engines

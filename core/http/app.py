@@ -17,6 +17,7 @@ import msgspec
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
+from shuniu.core.api.openapi import openapi_document
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.hardware import HardwareReadings
@@ -26,8 +27,9 @@ from shuniu.core.operations import Operations
 from shuniu.core.pipeline.path import RequestPath
 from shuniu.core.state import GatewayState
 from shuniu.core.types import Api
+from shuniu.core.views.access import admin_refusal, is_admin, metrics_refusal
 from shuniu.core.views.admin import admin_routes
-from shuniu.core.views.readiness import endpoint_devices, model_list, readiness
+from shuniu.core.views.readiness import endpoint_devices, model_list, readiness, readiness_summary
 from shuniu.core.views.status import StatusWindow, status_json
 from shuniu.core.views.status_page import PAGE_CONTENT_TYPE, PAGE_HEADERS, render_page
 
@@ -92,17 +94,33 @@ def build_app(
     def health(request: Request[Any, Any, Any]) -> Response[bytes]:
         return _json_response(request, 200, {"status": "ok"})
 
+    def details(request: Request[Any, Any, Any]) -> bool:
+        """Whether this caller may see endpoint names, addresses and engine details."""
+        cfg = state.config.gateway
+        return cfg.readiness_details == "public" or is_admin(cfg, request.scope["headers"])
+
     @get("/ready")
     async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-        ok, body = readiness(state, await endpoint_devices(state))
+        if details(request):
+            ok, body = readiness(state, await endpoint_devices(state))
+        else:
+            ok, body = readiness_summary(state)
         return _json_response(request, 200 if ok else 503, body)
 
     @get("/metrics", include_in_schema=False)
     async def metrics_page(request: Request[Any, Any, Any]) -> Response[bytes]:
         assert metrics is not None
+        if (err := metrics_refusal(state.config.gateway, request.scope["headers"])) is not None:
+            return _bytes_response(request, err.status, err.body(), err.headers)
         if state.config.gateway.metrics_hardware:
             await hardware.snapshot()
         return Response(metrics.render(), status_code=200, media_type=METRICS_CONTENT_TYPE)
+
+    openapi_body = _encode(openapi_document())
+
+    @get("/openapi.json", sync_to_thread=False, include_in_schema=False)
+    def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return _bytes_response(request, 200, openapi_body)
 
     def refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
         """A 401 when authentication is on and the request has no valid credential."""
@@ -116,8 +134,9 @@ def build_app(
 
     @get("/admin/hardware")
     async def hardware_page(request: Request[Any, Any, Any]) -> Response[bytes]:
-        if (answer := refused(request)) is not None:
-            return answer
+        what = "The hardware readings"
+        if (err := admin_refusal(state.config.gateway, request.scope["headers"], what)) is not None:
+            return _bytes_response(request, err.status, err.body(), err.headers)
         return _bytes_response(request, 200, await hardware.snapshot())
 
     status_body = render_page().encode()
@@ -134,9 +153,11 @@ def build_app(
 
     @get("/status.json", include_in_schema=False)
     async def status_data(request: Request[Any, Any, Any]) -> Response[bytes]:
-        if (answer := refused(request)) is not None:
+        admin = is_admin(state.config.gateway, request.scope["headers"])
+        if not admin and (answer := refused(request)) is not None:
             return answer
-        ok, body = readiness(state)
+        full = admin or state.config.gateway.readiness_details == "public"
+        ok, body = readiness(state) if full else readiness_summary(state)
         data = status_json(ok, body, status, auth=state.auth_enabled)
         return _bytes_response(request, 200, _encode(data), {"cache-control": "no-store"})
 
@@ -149,6 +170,7 @@ def build_app(
             models,
             health,
             ready,
+            openapi,
             hardware_page,
             root,
             status_page,

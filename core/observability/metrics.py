@@ -93,6 +93,7 @@ KNOWN_CODES = frozenset(
         "deadline_exceeded",
         "no_healthy_endpoint",
         "upstream_error",
+        "upstream_protocol_error",
         "internal_error",
         "ttft_timeout",
         "idle_timeout",

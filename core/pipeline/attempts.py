@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from shuniu.core.contracts import Ticket
-from shuniu.core.errors import GatewayError, upstream_error
+from shuniu.core.errors import PROTOCOL_ERROR, GatewayError, upstream_error
 from shuniu.core.http.asgi import Send, send_error
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pools.pool import EndpointState, Pool
@@ -163,8 +163,10 @@ class Attempts:
     ) -> Pool | None:
         """An attempt failed before the first output. Count it against the endpoint, and
         say which pool to try next (``None``: answer with the error)."""
-        if err.status < 500:
-            return None  # the engine refused the request itself: another would too
+        if err.status < 500 or err.code == PROTOCOL_ERROR:
+            # The engine refused the request itself, or sent an answer the gateway cannot
+            # read: another would do the same, and neither says the endpoint is unwell.
+            return None
         await self.engine_suspect(endpoint)
         state = self._state
         res = state.resilience[pool.name]

@@ -14,7 +14,7 @@ from typing import cast
 
 from shuniu.core.api.openai import StreamEncoder, encode_completion
 from shuniu.core.config import TimeoutsConfig
-from shuniu.core.errors import GatewayError
+from shuniu.core.errors import PROTOCOL_ERROR, GatewayError
 from shuniu.core.http.asgi import Send, send_json
 from shuniu.core.pipeline.attempts import Attempts, Opened, backend_failure, close_stream
 from shuniu.core.pipeline.recording import Progress
@@ -117,7 +117,9 @@ async def send_stream(
         await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
         res.failed(endpoint, loop.time())
     except Exception as exc:
-        if not isinstance(exc, GatewayError) or exc.status >= 500:
+        if not isinstance(exc, GatewayError) or (exc.status >= 500 and exc.code != PROTOCOL_ERROR):
+            # A broken stream counts against the endpoint; an unreadable event (malformed,
+            # oversized) is the answer's fault and must not eject a healthy engine.
             await attempts.engine_suspect(endpoint)
             res.failed(endpoint, loop.time())
         err = exc if isinstance(exc, GatewayError) else backend_failure(endpoint, exc)

@@ -21,9 +21,6 @@ step, drain A, wait for their ``in_flight`` to reach 0, delete them.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 from typing import Any
 
 import msgspec
@@ -34,27 +31,12 @@ from shuniu.core.config import EndpointConfig
 from shuniu.core.errors import ConfigError, GatewayError
 from shuniu.core.operations import Operations
 from shuniu.core.state import StateView
-from shuniu.core.tenancy.auth import bearer_token
+from shuniu.core.views.access import admin_refusal
 from shuniu.core.views.readiness import readiness
 
 __all__ = ["admin_routes"]
 
 _encode = msgspec.json.Encoder().encode
-
-
-def _hashes(view: StateView) -> list[bytes]:
-    cfg = view.config.gateway
-    values = list(cfg.admin_keys)
-    if cfg.admin_keys_env:
-        values += os.environ.get(cfg.admin_keys_env, "").replace(",", " ").split()
-    out = []
-    for v in values:
-        digest = v.removeprefix("sha256:").lower()
-        try:
-            out.append(bytes.fromhex(digest))
-        except ValueError:
-            continue  # reported at start-up by the deployment check
-    return out
 
 
 def _response(status: int, payload: Any) -> Response[bytes]:
@@ -70,24 +52,7 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
     ``ops``."""
 
     def check(request: Request[Any, Any, Any]) -> GatewayError | None:
-        # Read from the gateway's current configuration: a reload may change the keys.
-        hashes = _hashes(view)
-        if not hashes:
-            return GatewayError(
-                403,
-                "The admin API is off: set gateway.admin_keys.",
-                type="permission_error",
-                code="admin_disabled",
-            )
-        key = bearer_token(request.scope["headers"])
-        if key is None:
-            return GatewayError(401, "The admin API needs an admin key.", code="missing_api_key")
-        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-        if not any(hmac.compare_digest(digest, h) for h in hashes):
-            return GatewayError(
-                403, "This key may not use the admin API.", type="permission_error", code="not_admin"
-            )
-        return None
+        return admin_refusal(view.config.gateway, request.scope["headers"])
 
     @get("/admin/state")
     async def state(request: Request[Any, Any, Any]) -> Response[bytes]:

@@ -13,7 +13,7 @@ import msgspec
 from shuniu.core.pools.pool import EndpointState
 from shuniu.core.state import StateView
 
-__all__ = ["endpoint_devices", "model_list", "readiness"]
+__all__ = ["endpoint_devices", "model_list", "readiness", "readiness_summary"]
 
 _DEVICES_TIMEOUT_S = 5.0
 
@@ -53,6 +53,21 @@ def readiness(view: StateView, devices: dict[str, list[Any]] | None = None) -> t
         }
     status = "draining" if view.draining else ("ready" if ready else "not_ready")
     return ready, {"status": status, "models": models}
+
+
+def readiness_summary(view: StateView) -> tuple[bool, dict[str, Any]]:
+    """``(ready, body)`` for a caller without an admin key: ready or not, and per model its
+    healthy and total endpoints and its queue; no names, addresses or health details."""
+    ready, body = readiness(view)
+    models = {
+        name: {
+            "healthy_endpoints": m["healthy_endpoints"],
+            "endpoints": len(m["endpoints"]),
+            "queued": m["queued"],
+        }
+        for name, m in body["models"].items()
+    }
+    return ready, {"status": body["status"], "models": models}
 
 
 def _endpoint(

@@ -148,11 +148,14 @@ _SCRIPT = r"""
   }
 
   function modelSection(name, m) {
-    const eps = m.endpoints || [];
+    // Without an admin key the gateway sends a count instead of the endpoints themselves.
+    const detailed = Array.isArray(m.endpoints);
+    const eps = detailed ? m.endpoints : [];
+    const total = detailed ? eps.length : (m.endpoints || 0);
     const r = m.recent || {};
     const healthy = m.healthy_endpoints || 0;
-    const badge = h("span", healthy === eps.length ? "badge ok" : healthy ? "badge warn" : "badge bad",
-      healthy + " / " + eps.length + " healthy");
+    const badge = h("span", healthy === total ? "badge ok" : healthy ? "badge warn" : "badge bad",
+      healthy + " / " + total + " healthy");
     const stats = h("dl", "stats",
       stat("queued", num(m.queued)),
       stat("req/s", rate(r.rps)),
@@ -162,7 +165,8 @@ _SCRIPT = r"""
       stat("requests (" + Math.round(r.span_s || 0) + " s)", num(r.requests)));
     const head = h("tr", "", ...["endpoint", "health", "detail", "in flight / limit",
       "engine run / wait / KV", "completed / errors", "managed engine"].map((t) => h("th", "", t)));
-    const table = h("table", "", h("thead", "", head), h("tbody", "", ...eps.map(endpointRow)));
+    const table = detailed ? h("table", "", h("thead", "", head), h("tbody", "", ...eps.map(endpointRow)))
+      : h("p", "mut", "Endpoint details are shown to admin keys.");
     const sec = h("section", "model", h("h2", "", name, badge), stats, table);
     sec.dataset.model = String(name);
     return sec;

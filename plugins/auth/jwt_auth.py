@@ -149,8 +149,9 @@ class JwtOptions(Options):
     default_tier: _NonEmpty = "default"
     """Tier of tokens without ``tier_claim``."""
     models_claim: _NonEmpty | None = None
-    """Claim holding a list of model names the token may use (on top of its tier's);
-    unset or absent: whatever the tier allows."""
+    """Claim holding a list of model names (or aliases) the token may use. It narrows the
+    tier: a model must be in both the tier's list and the token's. Unset or absent:
+    whatever the tier allows."""
     key_id_claim: _NonEmpty | None = "sub"
     """Claim naming the credential in logs and metrics (the principal's ``key_id``); the
     token itself never is. ``None``: no key id."""
@@ -211,6 +212,7 @@ class JwtOptions(Options):
             require("cryptography", "jwt", "The jwt authenticator")
         except MissingExtraError as exc:
             raise ValueError(str(exc)) from None
+        check_pyjwt(jwt.__version__)
         keys: list[_Key] = []
         if self.jwks_file is not None:
             keys.extend(_jwks_keys(jwt, self.jwks_file, self.algorithms))
@@ -402,11 +404,36 @@ def _refuse(reason: str) -> GatewayError:
     return invalid_credentials(reason)
 
 
+MIN_PYJWT = (2, 12, 0)
+"""PyJWT 2.12.0 fixes CVE-2026-32597 (unknown ``crit`` headers accepted) and includes the
+2.10.1 fix of CVE-2024-53861 (issuer matched as a substring); shuniu also guards both itself."""
+
+
+def check_pyjwt(version: str) -> None:
+    """Refuse to verify tokens with a PyJWT older than :data:`MIN_PYJWT`."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) < MIN_PYJWT:
+        wanted = ".".join(map(str, MIN_PYJWT))
+        raise ValueError(
+            f"PyJWT {version} is installed; the jwt authenticator needs {wanted} or newer "
+            "(CVE-2024-53861, CVE-2026-32597): pip install 'shuniu[jwt]'"
+        )
+
+
+_UNDERSTOOD_CRIT = frozenset({"b64"})
+"""Header parameters a token may list in ``crit``: only ``b64`` (checked above: it must be
+``true``, a normal JWS); anything else is refused."""
+
+
 class JwtAuthenticator(Authenticator):
     """Verifies JWTs against fixed algorithms, keys, issuer and audience."""
 
     def __init__(self, options: JwtOptions) -> None:
         jwt = require("jwt", "jwt", "The jwt authenticator")
+        check_pyjwt(jwt.__version__)
         self._jwt = jwt
         self._decode = jwt.decode
         self._header = jwt.get_unverified_header
@@ -416,8 +443,9 @@ class JwtAuthenticator(Authenticator):
         for alg in options.algorithms:
             if (self._secret is None) if alg in _HMAC_MIN_BYTES else (alg not in self._keys):
                 raise ValueError(f"the jwt authenticator needs validated options (no key for {alg})")
-        # Lists, not sets: older PyJWT releases only take a list of issuers.
-        self._issuer = options.issuer if isinstance(options.issuer, str) else list(options.issuer)
+        # Always a list: PyJWT before 2.10.1 matched a single string issuer as a substring
+        # ("acme" accepted "acme-evil", CVE-2024-53861); list membership is exact.
+        self._issuer = [options.issuer] if isinstance(options.issuer, str) else list(options.issuer)
         self._audience = options.audience if isinstance(options.audience, str) else list(options.audience)
         self._leeway = float(options.leeway_s)
         self._decode_options = {
@@ -485,6 +513,13 @@ class JwtAuthenticator(Authenticator):
             raise _refuse("The token's signing algorithm is not accepted.")
         if "b64" in header and header["b64"] is not True:
             raise _refuse("The token's format is not supported.")  # detached payloads
+        crit = header.get("crit")
+        if crit is not None and (
+            not isinstance(crit, list) or not crit or any(c not in _UNDERSTOOD_CRIT for c in crit)
+        ):
+            # RFC 7515 4.1.11: a header parameter listed in "crit" must be understood, or the
+            # token refused (PyJWT before 2.12.0 accepted any, CVE-2026-32597).
+            raise _refuse("The token requires header extensions this gateway does not support.")
         key = self._secret if alg in _HMAC_MIN_BYTES else self._key_for(alg, header.get("kid"))
         try:
             payload = self._decode(

@@ -1,0 +1,117 @@
+"""The gateway's OpenAPI 3.1 document (``GET /openapi.json``): its public routes, request
+bodies as the parser takes them (the schemas come from the parser's own msgspec structs,
+so the document cannot drift from what is accepted), and the OpenAI-style error body every
+4xx and 5xx carries. Clients generate SDKs from it; the fuzz tests drive the gateway from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shuniu.core.api.openai import _ChatBody, _CompletionBody
+from shuniu.core.version import __version__
+
+__all__ = ["openapi_document"]
+
+_RENAME = {
+    "_ChatBody": "ChatCompletionRequest",
+    "_CompletionBody": "CompletionRequest",
+    "_Message": "ChatMessage",
+    "_StreamOptions": "StreamOptions",
+}
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {str(s): {"description": "An OpenAI-style error.", **ref} for s in statuses}
+
+
+def _inference(summary: str, schema: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The answer: JSON, or Server-Sent Events when `stream` is true.",
+                    "content": {
+                        "application/json": {"schema": {"type": "object"}},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_errors(400, 401, 403, 404, 413, 429, 431, 502, 503, 504),
+            },
+        }
+    }
+
+
+def _get(summary: str, content_type: str = "application/json", *errors: int) -> dict[str, Any]:
+    schema = {"type": "object"} if content_type == "application/json" else {"type": "string"}
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {
+                "200": {"description": summary, "content": {content_type: {"schema": schema}}},
+                **_errors(*errors),
+            },
+        }
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document, built once per gateway."""
+    _, components = msgspec.json.schema_components(
+        [_ChatBody, _CompletionBody], ref_template="#/components/schemas/{name}"
+    )
+    text = msgspec.json.encode(components).decode()
+    for old, new in _RENAME.items():
+        text = text.replace(f'"{old}"', f'"{new}"').replace(f'/{old}"', f'/{new}"')
+    schemas = msgspec.json.decode(text)
+    schemas["Error"] = _ERROR
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "shuniu gateway",
+            "version": __version__,
+            "description": "An OpenAI-compatible gateway. Errors are OpenAI-style JSON bodies.",
+        },
+        "paths": {
+            "/v1/chat/completions": _inference("Chat completions (OpenAI)", "ChatCompletionRequest"),
+            "/v1/completions": _inference("Text completions (OpenAI)", "CompletionRequest"),
+            "/v1/models": _get("The models this gateway serves, with their aliases"),
+            "/health": _get("Liveness of the gateway process"),
+            "/ready": _get(
+                "Readiness: started, not draining, a healthy endpoint per model", "application/json", 503
+            ),
+            "/status.json": _get("The status page's data", "application/json", 401),
+            "/metrics": _get("Prometheus metrics", "text/plain", 401),
+            "/openapi.json": _get("This document"),
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],
+    }
