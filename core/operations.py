@@ -191,7 +191,15 @@ class Operations:
 def reload_problems(old: Deployment, new: Deployment) -> list[Problem]:
     """What a reload cannot apply: listening settings and launched engines."""
     problems = []
-    for field in ("host", "port", "server"):
+    for field in (
+        "host",
+        "port",
+        "server",
+        "header_timeout_s",
+        "body_timeout_s",
+        "keep_alive_s",
+        "max_connections",
+    ):
         if getattr(old.gateway, field) != getattr(new.gateway, field):
             problems.append(Problem(f"gateway.{field}", "changes only with a restart"))
 

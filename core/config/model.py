@@ -108,8 +108,21 @@ class GatewayConfig(_Strict):
     anyone who can reach the gateway could otherwise claim any tier. Ignored when
     ``auth.authenticators`` are configured (the credential decides)."""
     max_header_bytes: int = Field(32 * 1024, ge=1024)
-    """Largest total size of the request headers (names and values) of an inference
-    request; bigger gets 431."""
+    """Largest total size of the request headers (names and values); bigger gets 431,
+    enforced on the bytes as they arrive (before parsing) and again on inference requests."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Longest a client may take to send a request line and headers (from connecting, or
+    from the previous response on a kept-alive connection); slower gets 408 and is closed
+    (slowloris)."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """Longest a request body may stop arriving while the gateway waits to read it; the
+    connection is then closed."""
+    keep_alive_s: float = Field(30.0, gt=0)
+    """How long an idle kept-alive connection stays open between requests."""
+    max_connections: int = Field(4096, ge=16)
+    """Open connections at most. At the cap a new connection closes the one that has waited
+    longest in its headers, or else the longest idle one; when every connection is busy it
+    is answered 503. Keep it below the process's file limit (``ulimit -n``)."""
     max_messages: int = Field(2048, ge=1)
     """Most messages a chat request may carry; more gets 400."""
     max_prompt_tokens: int | None = Field(None, ge=1)

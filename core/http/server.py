@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 
 from shuniu.core.gateway import Gateway
+from shuniu.core.http.guard import guarded_protocol
 
 __all__ = ["bind_socket", "is_loopback", "run_gateway"]
 
@@ -74,12 +75,14 @@ def run_gateway(
     config = uvicorn.Config(
         gateway.app,
         loop="uvloop",
-        http="httptools",
+        # uvicorn's httptools protocol with slow-client timeouts, header limits on the wire
+        # and a connection cap (core/http/guard.py).
+        http=guarded_protocol(gateway.config.gateway),
         lifespan="on",
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=gateway.config.gateway.graceful_shutdown_s,
-        timeout_keep_alive=30,
+        timeout_keep_alive=gateway.config.gateway.keep_alive_s,
         server_header=False,
         date_header=False,
         # Nothing reads the client address yet; skip uvicorn's X-Forwarded-For middleware.
