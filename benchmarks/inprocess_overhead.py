@@ -1,0 +1,133 @@
+"""CPU per request of the gateway's own code, without HTTP: its ASGI app driven directly with
+an instant backend registered in code, so the figure is what the request path costs and
+nothing else (no server, no client, no upstream). It sees below the noise of
+gateway_overhead.py; to compare two trees, run each tree's own interpreter, alternating:
+
+    python benchmarks/inprocess_overhead.py plain|full N json|stream
+
+``plain``: one endpoint, the default scheduler and balancer; ``full``: API keys, memory rate
+limits, the response cache, prefix_affinity and priority over four endpoints. Prints one
+JSON line with ``us_per_req`` (process CPU time per request after 500 warm-up requests).
+``PROFILE=1`` prints a cProfile of the measured requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import hashlib
+import json
+import os
+import pstats
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from shuniu.core import hookimpl
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.contracts import BackendBase, EndpointSpec, RegisterBackend
+from shuniu.core.gateway import Gateway
+from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.types import Chunk, Completion, InferenceRequest, Usage
+
+KEY = "sk-test-0123456789abcdef"
+PLAIN = """
+models:
+  m:
+    endpoints: [{kind: instant}]
+"""
+FULL = f"""
+auth:
+  authenticators:
+    - kind: api_keys
+      options:
+        keys: [{{id: k1, hash: "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}", tenant: t1, tier: free}}]
+tiers:
+  free: {{priority: 1, tenant_limits: {{rpm: 100000000, tpm: 1000000000}}}}
+rate_limits: {{store: memory}}
+cache: {{store: memory}}
+models:
+  m:
+    balancer: {{policy: prefix_affinity}}
+    scheduler: {{policy: priority}}
+    endpoints: [{{kind: instant, replicas: 4}}]
+"""
+
+
+class Instant(BackendBase):
+    """Answers at once: 16 chunks, or the whole completion."""
+
+    kind = "instant"
+
+    def __init__(self, spec: EndpointSpec) -> None:
+        self.spec = spec
+
+    async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
+        for _ in range(16):
+            yield Chunk("tok ", 1)
+        yield Chunk("", 0, "stop", Usage(5, 16, 21))
+
+    async def complete(self, req: InferenceRequest) -> Completion:
+        return Completion("tok " * 16, "stop", Usage(5, 16, 21))
+
+
+class Plugin:
+    @hookimpl
+    def register_backends(self, register: RegisterBackend) -> None:
+        register("instant", Instant)
+
+
+async def measure(cfg: str, n: int, stream: bool) -> float:
+    plugins = load_plugins(extra=[("instant", Plugin())])
+    gw = Gateway(load_deployment(None, plugins, text=FULL if cfg == "full" else PLAIN), plugins)
+    await gw.start()
+    messages = [{"role": "user", "content": "hello there, how are you today?"}]
+    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 16, "stream": stream}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if cfg == "full":
+        headers.append((b"authorization", b"Bearer " + KEY.encode()))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def one() -> None:
+        first = True
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client never leaves
+            return {}
+
+        await gw.app(scope, receive, send)
+
+    for _ in range(500):
+        await one()
+    gc.collect()
+    prof = cProfile.Profile() if os.environ.get("PROFILE") else None
+    if prof is not None:
+        prof.enable()
+    start = time.process_time()
+    for _ in range(n):
+        await one()
+    spent = time.process_time() - start
+    if prof is not None:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    await gw.stop()
+    return spent / n * 1e6
+
+
+def main() -> None:
+    cfg, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    us = asyncio.run(measure(cfg, n, mode == "stream"))
+    print(json.dumps({"cfg": cfg, "stream": mode == "stream", "us_per_req": round(us, 2)}))
+
+
+if __name__ == "__main__":
+    main()
