@@ -1,0 +1,34 @@
+"""The fallback token estimate never undercounts badly: Chinese, Japanese and Korean count
+per character and unbroken runs by their length (both used to count as one or a few
+tokens, which let such prompts past every token limit)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shuniu.core.tokens import RUN_CHARS_PER_TOKEN, count_tokens, split_tokens
+
+
+@pytest.mark.parametrize(
+    ("text", "at_least"),
+    [
+        ("你好世界今天天气很好\uff0c我们去公园散步吧", 19),  # 18 Han characters and a full-width comma
+        ("こんにちは世界", 7),
+        ("안녕하세요", 5),
+        ("a" * 100_000, 100_000 // RUN_CHARS_PER_TOKEN),
+        ("0123456789abcdef" * 64, 1024 // RUN_CHARS_PER_TOKEN),  # a hex string
+    ],
+)
+def test_no_language_or_unbroken_run_undercounts(text: str, at_least: int) -> None:
+    assert count_tokens(text) >= at_least
+
+
+def test_english_words_count_as_before() -> None:
+    assert count_tokens("Hello, world! How are you today?") == 9
+    assert count_tokens("internationalization") == 5  # 20 letters: longer than a word
+
+
+def test_the_count_is_the_number_of_pieces() -> None:
+    for text in ("mixed 中文 and English, 123", "x" * 37, "", "🙂 ok", "a_b-c" * 50):
+        assert count_tokens(text) == len(split_tokens(text))
+    assert "".join(split_tokens("x" * 37)) == "x" * 37
