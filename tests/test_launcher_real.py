@@ -53,18 +53,24 @@ MAX_CONCURRENCY = 4
 
 
 def _two_free_ports() -> int:
-    """P such that P and P+1 are both free on 127.0.0.1 now."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
+    """P such that P and P+1 are both free on 127.0.0.1 now, chosen below the kernel's
+    ephemeral range: the engines bind a minute later, and an ephemeral port can be taken
+    meanwhile by any outgoing connection on the machine (it happened: P+1 was)."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(10_002, low - 2))
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
         return port
     raise RuntimeError("no two consecutive free ports")
 
