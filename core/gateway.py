@@ -45,7 +45,7 @@ from shuniu.core.pools.pool import Pool
 from shuniu.core.pools.resilience import Resilience
 from shuniu.core.pools.watch import Watchers
 from shuniu.core.state import GatewayState
-from shuniu.core.types import Api, InferenceRequest
+from shuniu.core.types import InferenceRequest
 from shuniu.core.views.readiness import readiness
 from shuniu.core.views.status import StatusWindow
 
@@ -167,10 +167,6 @@ class Gateway:
     def check_context(self, req: InferenceRequest, pool: Pool) -> None:
         """400 when the prompt plus ``max_tokens`` exceed the pool's context window."""
         check_context(req, pool)
-
-    async def handle(self, api: Api, scope: Any, receive: Any, send: Any) -> None:
-        """One inference request (what the HTTP app calls)."""
-        await self.path.handle(api, scope, receive, send)
 
     async def reload(self) -> list[str]:
         """Re-read and apply the deployment file (see :meth:`Operations.reload`)."""

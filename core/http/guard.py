@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shuniu.core.config import GatewayConfig
+from shuniu.core.errors import GatewayError
 
 __all__ = ["guarded_protocol"]
 
@@ -39,16 +39,9 @@ _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 50
 
 
 def _error_response(status: int, message: str, code: str) -> bytes:
-    body = msgspec.json.encode(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error" if status < 500 else "server_error",
-                "param": None,
-                "code": code,
-            }
-        }
-    )
+    """A whole HTTP/1.1 response carrying the gateway's OpenAI-style error body."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = GatewayError(status, message, type=kind, code=code).body()
     head = (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         b"connection: close\r\n" % (status, _REASONS[status], len(body))

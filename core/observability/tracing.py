@@ -18,15 +18,19 @@ tracing branch, and a client's ``traceparent`` is passed to the engine unchanged
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shuniu.core.config import TracingConfig
+from shuniu.core.errors import GatewayError
 from shuniu.core.extras import require
 
 if TYPE_CHECKING:
     from shuniu.core.types import InferenceRequest, RequestRecord
 
-__all__ = ["RequestTrace", "Tracing", "setup_tracing"]
+__all__ = ["RequestTrace", "Tracing", "setup_tracing", "traced"]
+
+T = TypeVar("T")
 
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
@@ -186,3 +190,16 @@ def setup_tracing(config: TracingConfig | None) -> Tracing | None:
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+async def traced(trace: RequestTrace, name: str, step: Awaitable[T]) -> T:
+    """Await ``step`` inside a child span ``name`` of the request's trace; a refusal
+    (:class:`~shuniu.core.errors.GatewayError`) marks the span failed with its code."""
+    span = trace.child(name)
+    try:
+        return await step
+    except GatewayError as err:
+        trace.fail(span, err.code)
+        raise
+    finally:
+        span.end()

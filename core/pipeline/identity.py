@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from shuniu.core.errors import GatewayError
-from shuniu.core.observability.tracing import RequestTrace
+from shuniu.core.observability.tracing import RequestTrace, traced
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pools.pool import Pool
 from shuniu.core.tenancy.tenancy import Admission, Tenancy, Tier
@@ -59,18 +59,7 @@ def acquire(
     limit applies. Not a coroutine itself: without tracing, the store's own coroutine is
     returned as it is (one frame less per request)."""
     acquiring = tenancy.acquire(req, tier or tenancy.tiers["default"])
-    return acquiring if trace is None else _traced_acquire(acquiring, trace)
-
-
-async def _traced_acquire(acquiring: Awaitable[Admission | None], trace: RequestTrace) -> Admission | None:
-    span = trace.child("shuniu.rate_limit")
-    try:
-        return await acquiring
-    except GatewayError as err:
-        trace.fail(span, err.code)
-        raise
-    finally:
-        span.end()
+    return acquiring if trace is None else traced(trace, "shuniu.rate_limit", acquiring)
 
 
 async def settle(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:

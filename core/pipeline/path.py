@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from shuniu.core.errors import GatewayError, method_not_allowed
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
-from shuniu.core.observability.tracing import RequestTrace, Tracing
+from shuniu.core.observability.tracing import Tracing, traced
 from shuniu.core.pipeline import cache_step, identity, routing
 from shuniu.core.pipeline.attempts import Attempts
 from shuniu.core.pipeline.delivery import send_completion, send_stream
@@ -41,20 +39,6 @@ from shuniu.core.tenancy.tenancy import Admission, Tier
 from shuniu.core.types import Api, InferenceRequest, Outcome
 
 __all__ = ["RequestPath"]
-
-T = TypeVar("T")
-
-
-async def _traced(trace: RequestTrace, name: str, step: Awaitable[T]) -> T:
-    """Await ``step`` inside a child span ``name`` of the request's trace."""
-    span = trace.child(name)
-    try:
-        return await step
-    except GatewayError as err:
-        trace.fail(span, err.code)
-        raise
-    finally:
-        span.end()
 
 
 class RequestPath:
@@ -143,7 +127,7 @@ class RequestPath:
             if cache is not None:
                 lookup = cache_step.lookup(cache, req, pool, tier, extra, send, loop, progress)
                 cache_key, filler, cache_state = await (
-                    lookup if trace is None else _traced(trace, "shuniu.cache", lookup)
+                    lookup if trace is None else traced(trace, "shuniu.cache", lookup)
                 )
                 if cache_state is cache_step.HIT:
                     return
