@@ -361,10 +361,11 @@ def start_vllm(
 
 def tiny_model(python: Path, model_dir: Path, say: Callable[[str], Any]) -> None:
     """Build the tiny random Llama with ``tests/tiny_model.py`` unless it is there."""
-    if from_tests("tiny_model").is_built(model_dir):
+    helper = from_tests("tiny_model")
+    if helper.is_built(model_dir):
         return
     say(f"building the tiny model into {model_dir}")
-    subprocess.run([str(python), str(ROOT / "tests" / "tiny_model.py"), str(model_dir)], check=True)
+    helper.ensure_built(python, model_dir)
 
 
 # -- ports and readiness -----------------------------------------------------------------

@@ -90,6 +90,7 @@ class Gateway:
         )
         self.watchers = Watchers(self.state)
         self.operations = Operations(self.state, builder, self.watchers)
+        self._builder = builder
         self.hardware = HardwareReadings(plugins)
         self.tracing = setup_tracing(gw.tracing)
         # The request_finished observers, called directly per request (never via pluggy).
@@ -214,6 +215,7 @@ class Gateway:
         results = await asyncio.gather(
             *(e.backend.stop() for p in state.pools.values() for e in p.endpoints), return_exceptions=True
         )
+        self._builder.close()
         # Engines last: in-flight requests were drained before the shutdown hooks ran.
         results += await asyncio.gather(*(e.stop() for e in state.engines.values()), return_exceptions=True)
         if self.access_log is not None:

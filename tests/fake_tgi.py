@@ -51,7 +51,8 @@ published API and its router source, read (never copied) at these versions:
   without ``# HELP`` lines or ``tgi_batch_max_total_tokens``.
 
 Not modelled: real tokenization, prefix caching, speculation, best_of, grammars, tools,
-images, ``/v1/completions``, ``/tokenize``; axum's JSON rejections are imitated for a few
+images, ``/v1/completions``; ``/tokenize`` and ``/chat_tokenize`` answer in TGI's shape
+with the fake's own tokens (whitespace-separated words); axum's JSON rejections are imitated for a few
 field types only and their column numbers are not TGI's.
 
 Fault switches for tests (``FakeTGI.fault``): ``overloaded``, ``generation_error`` (after
@@ -462,6 +463,8 @@ class FakeTGI:
         self.fault_after = 2
         self.requests: list[Received] = []
         self.in_flight = 0
+        self.tokenize_calls = 0
+        """Requests to ``/tokenize`` and ``/chat_tokenize``."""
         self.metrics = _Metrics(max_input_tokens, max_total_tokens, describe=not self.legacy)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._engine: _Engine | None = None
@@ -481,6 +484,8 @@ class FakeTGI:
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/generate_stream", self.generate_stream)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/chat_tokenize", self.chat_tokenize)
         app.router.add_get("/info", self.info)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_page)
@@ -1110,6 +1115,41 @@ class FakeTGI:
             },
         }
         return web.Response(text=_json(out), content_type="application/json")
+
+    # -- tokenizing (server.rs ``tokenize`` and ``chat_tokenize``) -----------------------------
+
+    def _simple_tokens(self, text: str) -> list[dict[str, Any]]:
+        """``TokenizeResponse``: one ``SimpleToken`` per whitespace-separated word (the fake's
+        tokenizer, the one its ``input_length`` counts with)."""
+        out = []
+        pos = 0
+        for word in text.split():
+            start = text.index(word, pos)
+            pos = start + len(word)
+            out.append({"id": len(out), "text": word, "start": start, "stop": pos})
+        return out
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        self.tokenize_calls += 1
+        try:
+            body = await self._body(request)
+            inputs = body.get("inputs")
+            if not isinstance(inputs, str):
+                raise self._deserialize_error("", "missing field `inputs`", request.content_length or 0)
+        except _Rejected as exc:
+            return web.Response(status=exc.status, text=exc.text)
+        return _json_response(self._simple_tokens(inputs))
+
+    async def chat_tokenize(self, request: web.Request) -> web.Response:
+        self.tokenize_calls += 1
+        try:
+            body = await self._body(request)
+            if not isinstance(body.get("messages"), list):
+                raise self._deserialize_error("", "missing field `messages`", request.content_length or 0)
+            text = self._template(body["messages"], request.content_length or 0)
+        except _Rejected as exc:
+            return web.Response(status=exc.status, text=exc.text)
+        return _json_response({"tokenize_response": self._simple_tokens(text), "templated_text": text})
 
     # -- info routes (no --api-key check in TGI) ---------------------------------------------
 

@@ -12,7 +12,6 @@ from shuniu.backends.sim.backend import SimBackend
 from shuniu.backends.sim.options import SimOptions
 from shuniu.core.api.openai import parse_request
 from shuniu.core.contracts import EndpointSpec
-from shuniu.core.tokens import count_tokens
 
 
 def _req(content: str = "hello there", **fields: object):  # type: ignore[no-untyped-def]
@@ -36,8 +35,10 @@ async def test_usage_is_exact_and_deterministic() -> None:
     again, _, _ = await _run(backend, _req(seed=5))
     other, _, other_usage = await _run(backend, _req(seed=6))
     assert text == again and text != other
-    assert usage.completion_tokens == count_tokens(text) == sum(c.tokens for c in chunks)
-    assert usage.prompt_tokens == count_tokens("user: hello there\n")
+    # one word per token; the prompt's pieces are "user", ":", "hello", "there", the line
+    # break, and 2 + 3 for the chat template's markers
+    assert usage.completion_tokens == len(text.split()) == sum(c.tokens for c in chunks)
+    assert usage.prompt_tokens == 10
     assert 16 <= usage.completion_tokens <= 256
     assert chunks[-1].finish_reason == "stop"
     core = backend.engine.core
@@ -59,8 +60,9 @@ async def test_max_tokens_and_ignore_eos() -> None:
 
 async def test_context_window_caps_output() -> None:
     backend = _backend(max_model_len=20, output_tokens_min=100, output_tokens_max=100)
-    _, _, usage = await _run(backend, _req("one two three"))  # 5 prompt tokens
-    assert usage.prompt_tokens == 5 and usage.completion_tokens == 15
+    # 11 prompt tokens: "user", ":", "one", "two", "three", the line break, 2 + 3 markers
+    _, _, usage = await _run(backend, _req("one two three"))
+    assert usage.prompt_tokens == 11 and usage.completion_tokens == 9
     await backend.stop()
 
 

@@ -23,6 +23,8 @@ def _deployment(**extra: object) -> Deployment:
 
 
 def _req(body: dict, principal: Principal) -> InferenceRequest:  # type: ignore[type-arg]
+    """A chat request; its prompt "hi" is 9 tokens by the estimate: "user", ":", "hi", the
+    line break, and 2 + 3 for the chat template's markers (core/tokens.py)."""
     req = parse_request(
         json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}).encode(),
         "chat",
@@ -57,7 +59,7 @@ def test_tier_checks_models_max_tokens_and_prompt() -> None:
                 "models": ["alias"],
                 "max_tokens_default": 7,
                 "max_tokens_limit": 9,
-                "max_prompt_tokens": 5,
+                "max_prompt_tokens": 10,  # "hi" is 9 (see _req), six words 14
             }
         }
     )
@@ -119,7 +121,8 @@ def test_key_limits_override_the_tiers_and_all_limits_are_checked_together() -> 
         )
         assert other is not None
         # Admissions carry what settles them.
-        assert admissions[0] is not None and admissions[0].reserved == 13
+        # 10 for max_tokens, 9 for the prompt (see _req)
+        assert admissions[0] is not None and admissions[0].reserved == 19
 
     asyncio.run(run())
 
@@ -132,14 +135,14 @@ def test_settling_gives_back_the_unused_reservation() -> None:
         t = Tenancy(d, [], store)
         p = Principal(tenant="a", key_id="k", tier="t")
         first = await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
-        assert first is not None and first.reserved == 53
+        assert first is not None and first.reserved == 59  # 50 + the prompt's 9
         with pytest.raises(GatewayError) as e:
             await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
         assert e.value.type == "tokens"
-        await t.settle(first, used_tokens=10)  # 43 of the 53 come back
+        await t.settle(first, used_tokens=10)  # 49 of the 59 come back
         second = await t.acquire(_req({"max_tokens": 50}, p), t.tiers["t"])
         assert second is not None
-        assert dict(second.headers)[b"x-ratelimit-remaining-tokens"] == b"37"  # 100 - 10 - 53
+        assert dict(second.headers)[b"x-ratelimit-remaining-tokens"] == b"31"  # 100 - 10 - 59
 
     asyncio.run(run())
 

@@ -15,17 +15,21 @@ from shuniu.core.tokens import RUN_CHARS_PER_TOKEN, count_tokens, split_tokens
         ("你好世界今天天气很好\uff0c我们去公园散步吧", 19),  # 18 Han characters and a full-width comma
         ("こんにちは世界", 7),
         ("안녕하세요", 5),
-        ("a" * 100_000, 100_000 // RUN_CHARS_PER_TOKEN),
-        ("0123456789abcdef" * 64, 1024 // RUN_CHARS_PER_TOKEN),  # a hex string
+        ("a" * 100_000, 100_000),  # one letter repeated: one token each
+        ("0123456789abcdef" * 64, int(1024 / RUN_CHARS_PER_TOKEN)),  # a hex string
+        ("x1" * 5000, 10_000 // 2),  # alternating letters and digits
+        ("🙂" * 50, 100),  # an emoji is two
     ],
 )
 def test_no_language_or_unbroken_run_undercounts(text: str, at_least: int) -> None:
     assert count_tokens(text) >= at_least
 
 
-def test_english_words_count_as_before() -> None:
+def test_english_words_count_by_word_and_code_by_line() -> None:
     assert count_tokens("Hello, world! How are you today?") == 9
-    assert count_tokens("internationalization") == 5  # 20 letters: longer than a word
+    assert count_tokens("internationalization") == 3  # 20 letters: pieces of 9
+    # each line break with its indentation is one token
+    assert count_tokens("def f():\n    return 1\n") == count_tokens("def f(): return 1") + 2
 
 
 def test_the_count_is_the_number_of_pieces() -> None:

@@ -94,13 +94,10 @@ def _free_port() -> int:
 def _ensure_model() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from tiny_model import is_built  # type: ignore[import-not-found]
+        from tiny_model import ensure_built  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
-    if not is_built(MODEL_DIR):
-        subprocess.run(
-            [str(PYTHON), str(ROOT / "tests" / "tiny_model.py"), str(MODEL_DIR)], check=True, timeout=300
-        )
+    ensure_built(PYTHON, MODEL_DIR)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -372,3 +369,57 @@ def test_a_gateway_streams_through_vllm(gateway_factory, server: Server) -> None
     endpoint = wait_until(ready, timeout=30)
     assert endpoint["kind"] == "vllm" and endpoint["healthy"] and endpoint["detail"] == "HTTP 200"
     client.close()
+
+
+def test_the_gateway_counts_prompts_as_vllm_does(gateway_factory, server: Server) -> None:  # type: ignore[no-untyped-def]
+    """``tokenizer:`` the model directory, and ``tokenizer: engine`` (vLLM's ``/tokenize``),
+    both give the count vLLM itself reports as ``prompt_tokens``, for chat (the chat template
+    applied) and completions, Chinese and English. The gateway's count is read from its
+    ``prompt_too_long`` refusal (``max_prompt_tokens: 1`` refuses every prompt, saying how
+    many tokens it has)."""
+    endpoint = f"""
+            endpoints:
+              - kind: vllm
+                options: {{base_url: "{server.url}/v1"}}"""
+    gw = gateway_factory(
+        f"""
+        gateway:
+          max_prompt_tokens: 1
+        models:
+          local:
+            tokenizer: {MODEL_DIR}{endpoint}
+          engine:
+            tokenizer: engine{endpoint}
+          estimate:{endpoint}
+        """
+    )
+    engine = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    chinese = "你好世界，今天天气很好。我们去公园散步吧！请用中文回答：网关如何统计令牌？"  # noqa: RUF001
+    cases: list[tuple[str, dict[str, Any]]] = [
+        (
+            "chat",
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": chinese}]},
+        ),
+        ("chat", {"messages": [{"role": "user", "content": "How does the gateway count tokens?"}]}),
+        ("completions", {"prompt": chinese + " and some English, 12345."}),
+    ]
+    for api, body in cases:
+        if api == "chat":
+            truth = engine.chat.completions.create(model=SERVED, max_tokens=1, **body).usage
+        else:
+            truth = engine.completions.create(model=SERVED, max_tokens=1, **body).usage
+        assert truth is not None
+        for model in ("local", "engine", "estimate"):
+            r = httpx.post(
+                f"{gw.url}/v1/{'chat/completions' if api == 'chat' else 'completions'}",
+                json={"model": model, **body},
+                timeout=60,
+            )
+            assert r.status_code == 400, r.text
+            message = r.json()["error"]["message"]
+            counted = int(message.split("about ", 1)[1].split(" ", 1)[0])
+            if model == "estimate":
+                assert counted >= 0.7 * truth.prompt_tokens, (api, counted, truth.prompt_tokens)
+            else:
+                assert counted == truth.prompt_tokens, (model, api, counted, truth.prompt_tokens)
+    engine.close()

@@ -2,17 +2,23 @@
 
 The fixture behind every test and benchmark that runs a real engine (vLLM's CPU build) on a
 machine without accelerators: hidden size 128, 2 layers, 4 query / 2 KV heads of 32, a gated
-MLP of 256, a byte-level BPE tokenizer of 2,048 tokens trained here on generated English-ish
-text, a ChatML-style chat template, float32 safetensors (~1.3 M parameters, ~5 MB). It is the
-``tiny-llama`` model profile of the simulator (``backends/sim/data/models.yaml``).
+MLP of 256, a byte-level BPE tokenizer of 8,192 tokens trained here on a multilingual corpus
+(``tests/token_corpus.py``: Chinese, English, code, mixed, JSON; so Chinese prompts count about
+as a Chinese-serving model counts them), a ChatML-style chat template, float32 safetensors
+(~2.8 M parameters, ~11 MB). It is the ``tiny-llama`` model profile of the simulator
+(``backends/sim/data/models.yaml``).
 
 Generated text is random: assert on protocol, token counts (``ignore_eos``, ``temperature: 0``)
 and metrics, never on words.
 
-Needs ``torch``, ``transformers`` and ``tokenizers`` (the vLLM virtualenv has them; the
-project's own does not need them)::
+Building needs ``torch``, ``transformers`` and ``tokenizers`` (the vLLM virtualenv has them)
+and the training text, which the project's own environment writes (it needs ``jieba``'s
+dictionary, a test dependency)::
 
-    .venv-vllm/bin/python tests/tiny_model.py [OUT_DIR]     # default .cache/tiny-model
+    python tests/token_corpus.py .cache/tiny-corpus.jsonl
+    .venv-vllm/bin/python tests/tiny_model.py --corpus .cache/tiny-corpus.jsonl [OUT_DIR]
+
+:func:`ensure_built` does both from the project's environment (tests and benchmarks call it).
 
 Serve it with vLLM's CPU build (docs/testing.md)::
 
@@ -26,11 +32,12 @@ Building is idempotent: a directory that already holds every file is left alone.
 from __future__ import annotations
 
 import json
-import random
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DEFAULT_DIR", "FILES", "is_built", "make_tiny_model"]
+__all__ = ["DEFAULT_DIR", "FILES", "RECIPE", "ensure_built", "is_built", "make_tiny_model", "train_tokenizer"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / ".cache" / "tiny-model"
@@ -42,11 +49,14 @@ FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "recipe.txt",
 )
 """Files a finished model directory holds (``special_tokens_map.json`` is optional: newer
 ``transformers`` releases fold it into ``tokenizer_config.json``)."""
 
-VOCAB = 2048
+VOCAB = 8192
+RECIPE = "tiny-llama: 8192-token byte-level BPE on tests/token_corpus.py seed 0, weighted"
+"""Written to ``recipe.txt``: a directory built by another recipe is rebuilt."""
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -65,35 +75,65 @@ ARCHITECTURE = {
 }
 """Must match the ``tiny-llama`` profile in ``backends/sim/data/models.yaml``."""
 
-_WORDS = (
-    "the a an of to and in is it you that he was for on are with as his they be at one "
-    "have this from or had by hot word but what some we can out other were all there when "
-    "up use your how said each she which do their time if will way about many then them "
-    "write would like so these her long make thing see him two has look more day could go "
-    "come did number sound no most people my over know water than call first who may down "
-    "side been now find any new work part take get place made live where after back little "
-    "only round man year came show every good me give our under name very through just form "
-    "hello world model server request response token stream chat user assistant system "
-    "load balancer gateway cache prefix latency queue"
-).split()
-
 
 def is_built(out_dir: Path) -> bool:
     """Whether ``out_dir`` already holds a finished model (every required file)."""
     out_dir = Path(out_dir)
     required = [f for f in FILES if f != "special_tokens_map.json"]
-    return all((out_dir / f).is_file() and (out_dir / f).stat().st_size > 0 for f in required)
+    if not all((out_dir / f).is_file() and (out_dir / f).stat().st_size > 0 for f in required):
+        return False
+    return (out_dir / "recipe.txt").read_text().strip() == RECIPE
 
 
-def _corpus(rng: random.Random):  # type: ignore[no-untyped-def]
-    for _ in range(20000):
-        n = rng.randint(5, 25)
-        s = " ".join(rng.choice(_WORDS) for _ in range(n))
-        yield s.capitalize() + rng.choice([".", "?", "!", ","]) + " " + str(rng.randint(0, 999))
+def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB) -> Any:
+    """The tiny model's tokenizer (a ``tokenizers.Tokenizer``) trained on ``texts``. Needs only
+    ``tokenizers``: the token-count checks train the same one in the project's environment."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
 
 
-def make_tiny_model(out_dir: Path = DEFAULT_DIR) -> Path:
-    """Build the tiny model and tokenizer into ``out_dir`` (created if missing) and return it.
+def read_corpus(path: Path) -> list[str]:
+    """The training text :func:`token_corpus.write_training_text` wrote (one JSON string a line)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+
+
+def ensure_built(python: Path, out_dir: Path = DEFAULT_DIR) -> Path:
+    """Build the model into ``out_dir`` unless it is there, from the project's environment:
+    the training text here (``jieba`` is a test dependency), the model with ``python`` (the
+    vLLM virtualenv's)."""
+    import subprocess
+
+    out_dir = Path(out_dir)
+    if is_built(out_dir):
+        return out_dir
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from token_corpus import write_training_text  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    corpus = write_training_text(out_dir.parent / f"{out_dir.name}-corpus.jsonl")
+    subprocess.run(
+        [str(python), str(Path(__file__)), "--corpus", str(corpus), str(out_dir)], check=True, timeout=600
+    )
+    return out_dir
+
+
+def make_tiny_model(corpus: list[str], out_dir: Path = DEFAULT_DIR) -> Path:
+    """Build the tiny model and a tokenizer trained on ``corpus`` into ``out_dir`` (created
+    if missing) and return it.
 
     Deterministic (fixed seeds) and idempotent: when ``out_dir`` already holds every file
     nothing is rebuilt. Written to a sibling temporary directory first and renamed, so an
@@ -103,8 +143,8 @@ def make_tiny_model(out_dir: Path = DEFAULT_DIR) -> Path:
     if is_built(out_dir):
         return out_dir
     try:
+        import tokenizers  # noqa: F401  (train_tokenizer's)
         import torch
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
         from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
@@ -119,18 +159,8 @@ def make_tiny_model(out_dir: Path = DEFAULT_DIR) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the model is no secret
     try:
-        # 1. tokenizer: byte-level BPE trained on generated text
-        tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=VOCAB,
-            special_tokens=SPECIALS,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(_corpus(random.Random(0)), trainer=trainer)
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        # 1. tokenizer: byte-level BPE trained on the multilingual corpus
+        tok = train_tokenizer(corpus)
         bos_id = tok.token_to_id("<s>")
         eos_id = tok.token_to_id("</s>")
         pad_id = tok.token_to_id("<pad>")
@@ -154,6 +184,7 @@ def make_tiny_model(out_dir: Path = DEFAULT_DIR) -> Path:
         tcfg["add_eos_token"] = False
         cfg_path.write_text(json.dumps(tcfg, indent=2))
         (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+        (tmp / "recipe.txt").write_text(RECIPE + "\n")
 
         # 2. model: tiny Llama, random init, float32 safetensors
         config = LlamaConfig(
@@ -187,15 +218,25 @@ def make_tiny_model(out_dir: Path = DEFAULT_DIR) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
+    corpus_file = None
+    if "--corpus" in args:
+        at = args.index("--corpus")
+        corpus_file = Path(args[at + 1])
+        del args[at : at + 2]
     out = Path(args[0]) if args else DEFAULT_DIR
-    built = is_built(out)
-    path = make_tiny_model(out)
-    if built:
-        print(f"{path}: already built")
-    else:
-        params = json.loads((path / "config.json").read_text())
-        print(f"wrote {path}: vocab={params['vocab_size']} files={sorted(p.name for p in path.iterdir())}")
+    if is_built(out):
+        print(f"{out}: already built")
+        return 0
+    if corpus_file is None:
+        print(
+            "the training text is missing: python tests/token_corpus.py FILE, then --corpus FILE",
+            file=sys.stderr,
+        )
+        return 2
+    path = make_tiny_model(read_corpus(corpus_file), out)
+    params = json.loads((path / "config.json").read_text())
+    print(f"wrote {path}: vocab={params['vocab_size']} files={sorted(p.name for p in path.iterdir())}")
     return 0
 
 

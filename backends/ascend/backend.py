@@ -147,6 +147,9 @@ class MindieBackend(_NpuDevices, VllmBackend):
         self._health_url = opts.management_root() + opts.engine_health_path()
         self._metrics_url = opts.metrics_root() + opts.metrics_path
         self._config_url = opts.management_root() + "/v1/config"
+        # MindIE Service has no vLLM-style /tokenize: `tokenizer: engine` cannot ask it.
+        self._tokenize_url = None
+        self.tokenizes = False
 
     # -- probes -----------------------------------------------------------------------------
 

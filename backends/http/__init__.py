@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from shuniu.backends.http.options import OpenAIOptions, http_url, server_root, url_path
     from shuniu.backends.http.probes import Prober, short_body
     from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
-    from shuniu.backends.http.session import end_stream, open_session, probe_headers
+    from shuniu.backends.http.session import end_stream, open_session, post_json, probe_headers
     from shuniu.backends.http.sse import MAX_LINE_BYTES, OversizedEvent, SseData, SseLines, data_payload
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "label_dict",
     "open_session",
     "openai_error",
+    "post_json",
     "post_or_raise",
     "probe_headers",
     "read_whole",
@@ -80,7 +81,7 @@ _MODULES = {
     "options": ("OpenAIOptions", "http_url", "server_root", "url_path"),
     "probes": ("Prober", "short_body"),
     "prometheus": ("MetricsError", "label_dict", "samples", "series_pattern"),
-    "session": ("end_stream", "open_session", "probe_headers"),
+    "session": ("end_stream", "open_session", "post_json", "probe_headers"),
     "sse": ("MAX_LINE_BYTES", "OversizedEvent", "SseData", "SseLines", "data_payload"),
 }
 

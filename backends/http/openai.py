@@ -27,8 +27,8 @@ from shuniu.backends.http.errors import (
     read_whole,
     stream_broken,
 )
-from shuniu.backends.http.options import OpenAIOptions
-from shuniu.backends.http.session import end_stream, open_session
+from shuniu.backends.http.options import OpenAIOptions, server_root
+from shuniu.backends.http.session import end_stream, open_session, post_json
 from shuniu.backends.http.sse import SseLines, data_payload
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
@@ -87,6 +87,9 @@ class OpenAIEngine(BackendBase):
             self._headers["authorization"] = f"Bearer {spec.options.api_key}"
         base = spec.options.base_url
         self._urls = {"chat": f"{base}/chat/completions", "completions": f"{base}/completions"}
+        path = spec.options.tokenize_path
+        self._tokenize_url = server_root(base) + path if path is not None else None
+        self.tokenizes = path is not None
         self._session: aiohttp.ClientSession | None = None
         self._discovered = False
 
@@ -173,6 +176,42 @@ class OpenAIEngine(BackendBase):
                 return Health(200 <= resp.status < 300, f"HTTP {resp.status}")
         except (aiohttp.ClientError, TimeoutError) as exc:
             return Health(False, f"{type(exc).__name__}: {exc}")
+
+    def _model_name(self) -> str:
+        """The model name the engine knows this endpoint's model by."""
+        return self._upstream_model or self._public_model
+
+    async def count_tokens(self, req: InferenceRequest) -> int | None:
+        """The prompt's length from a vLLM-style ``/tokenize`` (``tokenize_path``): chat
+        messages with the engine's template and the generation prompt, or the completion
+        prompt with special tokens, as the engine itself counts them."""
+        if self._tokenize_url is None or self._session is None:
+            return None
+        body = req.body
+        model = self._model_name()
+        payload: dict[str, Any]
+        if req.api == "chat":
+            payload = {
+                "model": model,
+                "messages": body["messages"],
+                "add_generation_prompt": body.get("add_generation_prompt", True),
+            }
+            for key in ("tools", "chat_template_kwargs", "continue_final_message"):
+                if key in body:
+                    payload[key] = body[key]
+        else:
+            payload = {"model": model, "prompt": req.prompt}
+        data = await post_json(
+            self._session, self._tokenize_url, payload, self._headers, self.options.connect_timeout_s
+        )
+        if isinstance(data, dict):
+            count = data.get("count")
+            if type(count) is int:
+                return count
+            tokens = data.get("tokens")
+            if isinstance(tokens, list):
+                return len(tokens)
+        return None
 
     def _payload(self, req: InferenceRequest, stream: bool) -> bytes:
         body = dict(req.body)

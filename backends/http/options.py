@@ -54,8 +54,17 @@ class OpenAIOptions(Options):
     """Pooled keep-alive connections to this endpoint, at most."""
     health_path: str = "/models"
     """Path under ``base_url`` probed by health checks (any 2xx is healthy)."""
+    tokenize_path: str | None = None
+    """Path under the server root (``base_url`` without ``/v1``) of a vLLM-style
+    ``/tokenize`` (vLLM and SGLang serve one: ``/tokenize``), which the model's
+    ``tokenizer: engine`` counts prompts with. ``None``: this server is not asked."""
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
         return http_url(value)
+
+    @field_validator("tokenize_path")
+    @classmethod
+    def _tokenize_path(cls, value: str | None) -> str | None:
+        return url_path(value)

@@ -8,9 +8,12 @@ probes ask for uncompressed pages (:func:`probe_headers`).
 
 from __future__ import annotations
 
-import aiohttp
+from typing import Any
 
-__all__ = ["end_stream", "open_session", "probe_headers"]
+import aiohttp
+import msgspec
+
+__all__ = ["end_stream", "open_session", "post_json", "probe_headers"]
 
 _KEEPALIVE_S = 60
 _DNS_TTL_S = 300
@@ -50,3 +53,20 @@ def end_stream(resp: aiohttp.ClientResponse, complete: bool) -> None:
         resp.release()
     else:
         resp.close()
+
+
+async def post_json(
+    session: aiohttp.ClientSession, url: str, payload: Any, headers: dict[str, str], timeout_s: float
+) -> Any | None:
+    """POST ``payload`` as JSON and return the decoded answer, or ``None`` for any status but
+    200 (for optional side calls, such as counting tokens, whose failure only means "no
+    answer"). Transport errors and bodies that are not JSON raise."""
+    async with session.post(
+        url,
+        data=msgspec.json.encode(payload),
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    ) as resp:
+        if resp.status != 200:
+            return None
+        return msgspec.json.decode(await resp.read())

@@ -35,6 +35,7 @@ from shuniu.backends.http import (
     delta_extras,
     describe_error,
     end_stream,
+    post_json,
     post_or_raise,
     probe_headers,
     read_whole,
@@ -137,6 +138,8 @@ class TgiBackend(OpenAIEngine):
         self._generate_url = f"{root}/generate"
         self._stream_url = f"{root}/generate_stream"
         self._info_url = f"{root}/info"
+        self._tokenize_urls = {"chat": f"{root}/chat_tokenize", "completions": f"{root}/tokenize"}
+        self.tokenizes = True
         self._health_url = root + opts.health_path
         self._metrics_url = root + opts.metrics_path
         headers = probe_headers(opts.headers, opts.api_key)
@@ -206,6 +209,30 @@ class TgiBackend(OpenAIEngine):
         return parse_tgi_metrics(raw, self.max_batch_total_tokens)
 
     # -- requests ---------------------------------------------------------------------------
+
+    async def count_tokens(self, req: InferenceRequest) -> int | None:
+        """The prompt's length from TGI's own tokenizer: ``/chat_tokenize`` (the chat
+        template applied, TGI 2.2 and later) or ``/tokenize``. A server without them (404)
+        answers ``None``."""
+        if self._session is None:
+            return None
+        if req.api == "chat":
+            body = req.body
+            payload: dict[str, Any] = {"model": self._send_model, "messages": body["messages"]}
+            if "tools" in body:
+                payload["tools"] = body["tools"]
+        else:
+            payload = {"inputs": req.prompt}
+        data = await post_json(
+            self._session,
+            self._tokenize_urls[req.api],
+            payload,
+            self._headers,
+            self.tgi_options.probe_timeout_s,
+        )
+        if isinstance(data, dict):  # /chat_tokenize: {"tokenize_response": [...], "templated_text": ...}
+            data = data.get("tokenize_response")
+        return len(data) if isinstance(data, list) else None
 
     def _payload(self, req: InferenceRequest, stream: bool) -> bytes:
         # The openai backend's body hook, used for the Messages API (chat) only.

@@ -120,6 +120,9 @@ class VllmBackend(OpenAIEngine):
     def _discovery_failed(self, problem: str) -> None:
         self.model_problem = problem
 
+    def _model_name(self) -> str:
+        return self._send_model
+
     async def discover(self) -> None:
         """Read ``/v1/models``: settle the upstream model name and, unless configured, the
         endpoint's ``max_model_len``. Raises on transport errors and non-200 answers."""

@@ -32,6 +32,9 @@ class VllmOptions(OpenAIOptions):
     health_path: str = "/health"
     """Path under the server root probed by health checks. vLLM answers 200 while its engine
     is alive and 503 once the engine died."""
+    tokenize_path: str | None = "/tokenize"
+    """Path under the server root of vLLM's ``/tokenize`` (chat template applied), which the
+    model's ``tokenizer: engine`` counts prompts with; ``null`` to never ask."""
     metrics_path: str = "/metrics"
     """Path under the server root of vLLM's Prometheus metrics, read every
     ``load.interval_s`` for the load view (running, waiting, KV usage, prefix cache)."""

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from shuniu.core.errors import GatewayError, bad_request
-from shuniu.core.tokens import count_tokens
+from shuniu.core.tokens import count_chat, count_tokens
 from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
 
 __all__ = ["StreamEncoder", "encode_completion", "parse_request"]
@@ -173,7 +173,7 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
                 )
             lines.append(f"{msg.role}: {_flatten_content(msg.content, i)}\n")
         prompt = "".join(lines)
-        prompt_tokens = count_tokens(prompt)
+        prompt_tokens = count_chat(prompt, len(lines))
     else:
         assert isinstance(parsed, _CompletionBody)
         p = parsed.prompt

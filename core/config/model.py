@@ -8,6 +8,7 @@ Schema whose descriptions come from the field docstrings below.
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -517,6 +518,12 @@ class ModelConfig(_Strict):
     max_model_len: int | None = Field(None, ge=1)
     """Context window in tokens; requests whose prompt plus ``max_tokens`` exceed it get 400.
     When unset, the backend's own value is used if it reports one."""
+    tokenizer: str | None = None
+    """How prompts are counted in tokens for every limit (context window,
+    ``max_prompt_tokens``, TPM, length routing): a local ``tokenizer.json`` or the model
+    directory holding it (needs ``shuniu[tokenizers]``; the chat template is applied as
+    engines apply it), or ``engine`` to ask the engine's ``/tokenize`` (vLLM, TGI, SGLang
+    through ``openai`` with ``tokenize_path``). Unset: shuniu's estimate (``docs/tokens.md``)."""
     endpoints: list[EndpointConfig] = Field(min_length=1)
     """The engines serving this model."""
     balancer: BalancerConfig = Field(default_factory=BalancerConfig)
@@ -543,6 +550,21 @@ class ModelConfig(_Strict):
     """A request with this header runs on the version it names (pinning)."""
     owned_by: str = "shuniu"
     """Shown in ``/v1/models``."""
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str | None) -> str | None:
+        if value is None or value == "engine":
+            return value
+        path = Path(value).expanduser()
+        if path.is_dir():
+            if not (path / "tokenizer.json").is_file():
+                raise ValueError(f"the directory {value} holds no tokenizer.json")
+        elif not path.is_file():
+            raise ValueError(
+                f"must be 'engine', a tokenizer.json or a model directory; {value} does not exist"
+            )
+        return value
 
     @model_validator(mode="after")
     def _traffic_versions(self) -> ModelConfig:

@@ -52,6 +52,9 @@ class Backend(Protocol):
     max_model_len: int | None
     """The context window, once known (from the deployment or the engine); the gateway
     refuses prompts that do not fit."""
+    tokenizes: bool
+    """Whether :meth:`count_tokens` asks the engine (``tokenizer: engine`` needs an endpoint
+    that does). Default ``False``."""
 
     def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yield :class:`shuniu.core.types.Chunk` objects. Raise
@@ -110,6 +113,14 @@ class Backend(Protocol):
         return Health(True)
 
     @optional
+    async def count_tokens(self, req: InferenceRequest) -> int | None:
+        """The prompt's length in the engine's own tokens, chat template applied (vLLM's and
+        SGLang's ``/tokenize``, TGI's), for models with ``tokenizer: engine``; ``None`` when
+        the engine cannot tell. Raise on transport errors (the gateway then keeps its
+        estimate). Called at most once per distinct prompt (counts are cached)."""
+        return None
+
+    @optional
     async def devices(self) -> Sequence[DeviceReading] | None:
         """The accelerators this endpoint's engine runs on, for ``/ready`` (called at most
         once per ``/ready`` request; cache expensive probes), or ``None`` when this backend
@@ -123,6 +134,7 @@ class BackendBase(Backend):
 
     kind: ClassVar[str] = ""
     max_model_len: int | None = None
+    tokenizes: bool = False
 
     def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # pragma: no cover
         raise NotImplementedError

@@ -4,8 +4,10 @@
 
 1. **intake** (:mod:`.intake`): method, header size; the credential first
    (**identity**, :mod:`.identity`), then the body, parsed and size-checked;
-2. **routing** (:mod:`.routing`): the model, the shuniu headers, the tier's rules,
-   degradation, routing rules, the version split, the context window;
+2. **routing** (:mod:`.routing`): the model, its prompt counted in the model's own tokens
+   when it has ``tokenizer:`` (:mod:`shuniu.core.tokenization`), the size limits, the
+   shuniu headers, the tier's rules, degradation, routing rules, the version split, the
+   context window;
 3. **rate limits** (:mod:`.identity`), taken for the whole request;
 4. **the response cache** (:mod:`.cache_step`): answered here, or noted to fill;
 5. **admission and attempts** (:mod:`.attempts`): the scheduler's slot and the engine's
@@ -36,6 +38,7 @@ from shuniu.core.pipeline.response_cache import Filler
 from shuniu.core.pools.pool import Pool
 from shuniu.core.state import GatewayState
 from shuniu.core.tenancy.tenancy import Admission, Tier
+from shuniu.core.tokenization.counter import recount
 from shuniu.core.types import Api, InferenceRequest, Outcome
 
 __all__ = ["RequestPath"]
@@ -80,13 +83,22 @@ class RequestPath:
                 req.principal = principal
             if trace is not None:
                 trace.request(req)
-            self.intake.check_size(req)
-            # Routing: the model, the shuniu headers, the tier's rules, degradation, rules.
+            # Routing: the model, counted in its own tokens when it has a tokenizer, then the
+            # size limits, the shuniu headers, the tier's rules, degradation, rules.
             pool = routing.lookup(state.routes, req)
+            counter = pool.counter
+            if counter is not None:
+                await recount(req, counter)
+            self.intake.check_size(req)
             if headers:
                 self.intake.apply_headers(req, headers, arrival, tenancy.identity_headers)
             tier = identity.check_tier(tenancy, req, pool)
             pool, degraded = routing.route(req, tier, pool, state.pools, state.router, state.overload)
+            if pool.counter is not counter and pool.counter is not None:
+                # A rule or degradation chose a model with another tokenizer: its count decides
+                # whether the prompt fits there.
+                await recount(req, pool.counter)
+                routing.check_context(req, pool)
         except GatewayError as err:
             await send_error(send, err, request_id)
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from shuniu.core.config import EndpointConfig, ModelConfig
@@ -44,6 +45,9 @@ from shuniu.core.pools.launcher import (
 from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.pools.resilience import Resilience
 from shuniu.core.tenancy.tenancy import Tenancy, limits_in_use
+from shuniu.core.tokenization.counter import PromptCounter, TokenizerError
+from shuniu.core.tokenization.engine import EngineCounter
+from shuniu.core.tokenization.local import LocalTokenizer
 
 __all__ = ["BuiltPools", "PoolBuilder", "ReuseKey"]
 
@@ -84,6 +88,8 @@ class PoolBuilder:
 
     def __init__(self, plugins: PluginManager) -> None:
         self.plugins = plugins
+        self._tokenizers: dict[tuple[str, int], LocalTokenizer] = {}
+        """Loaded tokenizers by (resolved path, modification time): a reload keeps them."""
 
     # -- pools ---------------------------------------------------------------------------
 
@@ -147,6 +153,7 @@ class PoolBuilder:
                 reg.factory(resolved.scheduler_options.get(model_name)), Scheduler, reg, "scheduler"
             )
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
+            pool.counter = self.counter(model_name, model, pool)
             built.pools[model_name] = pool
             built.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)
             for alias in [model_name, *model.aliases]:
@@ -162,6 +169,40 @@ class PoolBuilder:
                         # A kept engine reports going down to its new pool.
                         engine.on_down = functools.partial(pool.set_healthy, endpoint, False)
         return built
+
+    def counter(self, model_name: str, model: ModelConfig, pool: Pool) -> PromptCounter | None:
+        """What counts ``pool``'s prompts (``tokenizer:``), or ``None`` for the estimate."""
+        spec = model.tokenizer
+        if spec is None:
+            return None
+        where = f"models.{model_name}.tokenizer"
+        if spec == "engine":
+            if not any(getattr(e.backend, "tokenizes", False) for e in pool.endpoints):
+                kinds = ", ".join(sorted({ep.kind for ep in model.endpoints}))
+                raise ConfigError(
+                    [
+                        Problem(
+                            where,
+                            "'engine' needs an endpoint whose engine counts tokens (vllm, tgi, or openai "
+                            f"with options.tokenize_path, e.g. SGLang); this model's are: {kinds}",
+                        )
+                    ]
+                )
+            return EngineCounter(lambda: pool.endpoints)
+        path = Path(spec).expanduser().resolve()
+        try:
+            key = (str(path), (path / "tokenizer.json" if path.is_dir() else path).stat().st_mtime_ns)
+            tokenizer = self._tokenizers.get(key)
+            if tokenizer is None:
+                tokenizer = self._tokenizers[key] = LocalTokenizer.load(path)
+        except (OSError, TokenizerError) as exc:
+            raise ConfigError([Problem(where, str(exc))]) from None
+        return tokenizer
+
+    def close(self) -> None:
+        """Stop the tokenizers' worker threads (at shutdown)."""
+        for tokenizer in self._tokenizers.values():
+            tokenizer.close()
 
     def endpoint(self, model: str, cfg: EndpointConfig, options: Any, pool: Pool) -> EndpointState:
         """One endpoint for the admin API (``cfg`` without ``launch``, ``replicas: 1``,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from shuniu.core.contracts import Backend, Balancer, Scheduler, Ticket
+from shuniu.core.tokenization.counter import PromptCounter
 from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
 
 __all__ = ["DEFAULT_OUTPUT_TOKENS", "EndpointState", "Pool"]
@@ -119,6 +120,7 @@ class Pool:
         "_next_index",
         "_on_change",
         "balancer",
+        "counter",
         "dispatched",
         "endpoints",
         "max_model_len",
@@ -136,6 +138,7 @@ class Pool:
         scheduler: Scheduler,
         *,
         max_model_len: int | None = None,
+        counter: PromptCounter | None = None,
     ) -> None:
         self.name = name
         self.endpoints = endpoints
@@ -144,6 +147,8 @@ class Pool:
         self.balancer = balancer
         self.scheduler = scheduler
         self.max_model_len = max_model_len
+        self.counter = counter
+        """Counts prompts in the model's tokens (``tokenizer:``); ``None``: the estimate."""
         self.dispatched = 0
         """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
         self._next_index = len(endpoints)

@@ -23,18 +23,18 @@ __all__ = ["VOCABULARY", "PromptMaker", "ids_to_text", "words"]
 
 _WORDS = """
 time year people way day man thing woman life child world school state family student group
-country problem hand part place case week company system program question work government
+country problem hand part place case week company system program question work purpose
 number night point home water room mother area money story fact month lot right study book
 eye job word business issue side kind head house service friend father power hour game line
 end member law car city name team minute idea body back parent face level office door health
 person art war history party result change morning reason research girl guy moment air teacher
 force education foot boy age policy music market sense nation plan college interest death
-experience effect class control care field role effort rate heart show leader light voice wife
+method effect class control care field role effort rate heart show leader light voice wife
 police mind price report decision son view town road arm value building action model season
 society tax director position player record paper space ground form event matter center couple
 site project activity star table need court oil situation cost industry figure street image
 phone data picture practice piece land product doctor wall patient worker news test movie north
-love support technology step baby computer type attention film tree source evidence window
+love support region step baby computer type attention film tree source evidence window
 river garden bird stone summer winter spring island ocean forest mountain village letter train
 ship bridge horse dog cat fish flower fruit bread milk coffee tea sugar salt rain snow wind
 cloud sun moon sky fire earth gold silver glass paper color sound song dance memory dream
