@@ -127,6 +127,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     prefix_block: int = 0
     tried: frozenset[str] | None = None
     """Endpoints this request already failed on (a retry avoids them)."""
+    wire: str = "openai"
+    """The wire format the request arrived in and is answered in (``openai``,
+    ``anthropic``: :mod:`shuniu.core.api.wire`); engines always receive ``body`` as OpenAI's."""
     trace_headers: dict[str, str] | None = None
     """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
     gateway's upstream span when tracing is on, else the client's own, passed through."""

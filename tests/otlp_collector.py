@@ -3,12 +3,12 @@ exported spans (``opentelemetry-proto``) and keeps them for tests to read."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.threaded_app import ThreadedApp
 
 __all__ = ["CollectorStub", "Span"]
 
@@ -34,42 +34,22 @@ def _value(v: Any) -> Any:
     return getattr(v, kind) if kind else None
 
 
-class CollectorStub:
+class CollectorStub(ThreadedApp):
     """``POST /v1/traces`` → :attr:`spans`."""
 
+    client_max_size = 64 * 1024 * 1024
+
     def __init__(self) -> None:
+        super().__init__()
         self.spans: list[Span] = []
         self.requests = 0
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/traces"
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/traces", self._traces)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(runner.cleanup())
-
-    def start(self) -> CollectorStub:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
 
     async def _traces(self, request: web.Request) -> web.Response:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (

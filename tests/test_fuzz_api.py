@@ -1,7 +1,8 @@
 """Property-based fuzzing of every public route, from the gateway's own OpenAPI document
 (``/openapi.json``), with schemathesis: bodies that follow the schema and bodies that break
 it (wrong types, missing fields, odd strings, deep nesting), against a real ``shuniu serve``
-over HTTP. Every answer must be below 500, and every error an OpenAI-style JSON body.
+over HTTP. Every answer must be below 500, and every error a JSON body in its API's shape
+(OpenAI's; Anthropic's on ``/v1/messages``: both carry ``error.message`` and ``error.type``).
 
 Bounded for CI: ``SHUNIU_FUZZ_EXAMPLES`` examples per route and generation mode (default 150);
 the last test asserts how many cases ran and prints the count.
@@ -98,10 +99,11 @@ def test_every_route_answers_below_500_with_openai_errors(
     ],
 )
 def test_hostile_bodies_get_a_400(fuzz_gateway: GatewayProcess, body: bytes) -> None:
-    for route in ("/v1/chat/completions", "/v1/completions"):
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
         r = httpx.post(fuzz_gateway.url + route, content=body, headers={"content-type": "application/json"})
         assert r.status_code in (400, 413), r.text[:300]
-        assert r.json()["error"]["type"] == "invalid_request_error"
+        too_large = "request_too_large" if route == "/v1/messages" else "invalid_request_error"
+        assert r.json()["error"]["type"] == ("invalid_request_error" if r.status_code == 400 else too_large)
         RAN[route] = RAN.get(route, 0) + 1
 
 
@@ -113,5 +115,5 @@ def test_the_document_is_served_and_the_fuzzing_ran(fuzz_gateway: GatewayProcess
     if out is not None:
         out.write_text(json.dumps({"cases": total, "per_route": RAN}, indent=2))
     print(f"fuzzing: {total} cases over {len(RAN)} routes: {RAN}")
-    assert set(RAN) >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/ready"}
+    assert set(RAN) >= {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/ready"}
     assert total >= 4 * EXAMPLES

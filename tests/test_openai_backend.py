@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,43 +19,22 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import wait_until
+from tests.threaded_app import ThreadedApp
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(ThreadedApp):
     """An OpenAI-style server whose behaviour each test picks through the prompt text."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.aborted = 0
         self.finished = 0
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(runner.cleanup())
-
-    def start(self) -> ScriptedUpstream:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -106,8 +106,18 @@ class SimBackend(BackendBase):
             yield Chunk("", 0, finish, Usage(req.prompt_tokens, 0, req.prompt_tokens))
             return
         loop = asyncio.get_running_loop()
-        # Token ids stand for the prompt's tokens so equal prompts share KV blocks.
-        prompt_ids = [hash(t) & 0x7FFFFFFF for t in split_tokens(req.prompt)]
+        # Token ids stand for the prompt's tokens so equal prompts share KV blocks; as many
+        # as the request counts (the chat template's markers at the end, or fewer when a
+        # model's own tokenizer counted), so the engine's counters agree with its usage.
+        if req.token_ids is not None:
+            prompt_ids = [t & 0x7FFFFFFF for t in req.token_ids]
+        else:
+            prompt_ids = [hash(t) & 0x7FFFFFFF for t in split_tokens(req.prompt)]
+        wanted = req.prompt_tokens
+        if len(prompt_ids) < wanted:
+            prompt_ids.extend(hash(("shuniu-marker", i)) & 0x7FFFFFFF for i in range(len(prompt_ids), wanted))
+        elif len(prompt_ids) > wanted:
+            del prompt_ids[wanted:]
         seq = Seq(
             req.id,
             prompt_ids,

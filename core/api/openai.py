@@ -17,7 +17,14 @@ from shuniu.core.errors import GatewayError, bad_request
 from shuniu.core.tokens import count_chat, count_tokens
 from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
 
-__all__ = ["StreamEncoder", "encode_completion", "parse_request"]
+__all__ = [
+    "StreamEncoder",
+    "decode_body",
+    "encode_completion",
+    "parse_body",
+    "parse_request",
+    "stream_usage",
+]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -126,8 +133,9 @@ def _nested_too_deep() -> GatewayError:
     )
 
 
-def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> InferenceRequest:
-    """Decode and validate a request body; raise a 400 :class:`GatewayError` if it is bad."""
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; 400 when it is not JSON, not UTF-8, not an object, or
+    nested deeper than :data:`MAX_DEPTH`."""
     try:
         body = _decode(raw)
     except RecursionError:  # deeper than the decoder goes (about a thousand levels)
@@ -145,6 +153,16 @@ def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> Inferenc
         raise bad_request("The request body must be a JSON object.", None, "invalid_json")
     if _too_deep(raw, body):
         raise _nested_too_deep()
+    return body
+
+
+def parse_request(raw: bytes, api: Api, request_id: str, now: float) -> InferenceRequest:
+    """Decode and validate a request body; raise a 400 :class:`GatewayError` if it is bad."""
+    return parse_body(decode_body(raw), api, request_id, now)
+
+
+def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> InferenceRequest:
+    """Validate a decoded OpenAI request body (chat or completions) into a request."""
     try:
         parsed: _ChatBody | _CompletionBody = msgspec.convert(
             body, _ChatBody if api == "chat" else _CompletionBody
@@ -285,6 +303,14 @@ def encode_completion(req: InferenceRequest, result: Completion, created: int | 
     )
 
 
+def stream_usage(req: InferenceRequest, reported: Usage | None, completion_tokens: int) -> Usage:
+    """A stream's usage: the engine's when it reported one, else the prompt's count and the
+    chunks' tokens."""
+    if reported is not None:
+        return reported
+    return Usage(req.prompt_tokens, completion_tokens, req.prompt_tokens + completion_tokens)
+
+
 class StreamEncoder:
     """Turns backend chunks into OpenAI SSE events for one request."""
 
@@ -386,10 +412,7 @@ class StreamEncoder:
         )
 
     def final_usage(self) -> Usage:
-        if self.usage is not None:
-            return self.usage
-        p = self._req.prompt_tokens
-        return Usage(p, self.completion_tokens, p + self.completion_tokens)
+        return stream_usage(self._req, self.usage, self.completion_tokens)
 
     def end(self) -> bytes:
         """The usage chunk (when asked for) and ``[DONE]``."""

@@ -40,12 +40,70 @@ _ERROR = {
 }
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
-    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    return {str(s): {"description": "An OpenAI-style error.", **ref} for s in statuses}
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+
+_BLOCK = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
+_MESSAGES_REQUEST = {
+    "type": "object",
+    "required": ["model", "max_tokens", "messages"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"enum": ["user", "assistant"]},
+                    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}]},
+                },
+            },
+        },
+        "system": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}]},
+        "stop_sequences": {"type": "array", "items": {"type": "string"}},
+        "stream": {"type": "boolean"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_p": {"type": "number"},
+        "top_k": {"type": "integer"},
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "input_schema"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "description": {"type": "string"},
+                    "input_schema": {"type": "object"},
+                },
+            },
+        },
+        "tool_choice": {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}},
+        "metadata": {"type": "object"},
+    },
+}
+"""Anthropic's Messages request, as :mod:`shuniu.core.api.anthropic` checks it."""
 
 
-def _inference(summary: str, schema: str) -> dict[str, Any]:
+def _errors(*statuses: int, schema: str = "Error") -> dict[str, Any]:
+    ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+    what = "An Anthropic-style error." if schema == "AnthropicError" else "An OpenAI-style error."
+    return {str(s): {"description": what, **ref} for s in statuses}
+
+
+def _inference(summary: str, schema: str, error: str = "Error") -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -61,7 +119,7 @@ def _inference(summary: str, schema: str) -> dict[str, Any]:
                         "text/event-stream": {"schema": {"type": "string"}},
                     },
                 },
-                **_errors(400, 401, 403, 404, 413, 429, 431, 502, 503, 504),
+                **_errors(400, 401, 403, 404, 413, 429, 431, 502, 503, 504, schema=error),
             },
         }
     }
@@ -90,6 +148,8 @@ def openapi_document() -> dict[str, Any]:
         text = text.replace(f'"{old}"', f'"{new}"').replace(f'/{old}"', f'/{new}"')
     schemas = msgspec.json.decode(text)
     schemas["Error"] = _ERROR
+    schemas["MessagesRequest"] = _MESSAGES_REQUEST
+    schemas["AnthropicError"] = _ANTHROPIC_ERROR
     return {
         "openapi": "3.1.0",
         "info": {
@@ -100,6 +160,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _inference("Chat completions (OpenAI)", "ChatCompletionRequest"),
             "/v1/completions": _inference("Text completions (OpenAI)", "CompletionRequest"),
+            "/v1/messages": _inference("Messages (Anthropic)", "MessagesRequest", "AnthropicError"),
             "/v1/models": _get("The models this gateway serves, with their aliases"),
             "/health": _get("Liveness of the gateway process"),
             "/ready": _get(

@@ -18,6 +18,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from shuniu.core.api.openapi import openapi_document
+from shuniu.core.api.wire import ANTHROPIC, OPENAI, Wire
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.hardware import HardwareReadings
@@ -48,14 +49,18 @@ class Dispatch:
     def __init__(self, path: RequestPath, litestar: Litestar) -> None:
         self.path = path
         self.litestar = litestar
-        self.hot: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+        self.hot: dict[str, tuple[Api, Wire]] = {
+            "/v1/chat/completions": ("chat", OPENAI),
+            "/v1/completions": ("completions", OPENAI),
+            "/v1/messages": ("chat", ANTHROPIC),
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            api = self.hot.get(scope["path"])
-            if api is not None:
+            route = self.hot.get(scope["path"])
+            if route is not None:
                 try:
-                    await self.path.handle(api, scope, receive, send)
+                    await self.path.handle(route[0], route[1], scope, receive, send)
                 except Exception as exc:  # a bug, not a client error: still no traceback out
                     await internal_error(send, scope, exc)
                 return
@@ -80,11 +85,15 @@ def build_app(
 
     @asgi("/v1/chat/completions", copy_scope=False)
     async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
-        await path.handle("chat", scope, receive, send)
+        await path.handle("chat", OPENAI, scope, receive, send)
 
     @asgi("/v1/completions", copy_scope=False)
     async def completions(scope: Scope, receive: Receive, send: Send) -> None:
-        await path.handle("completions", scope, receive, send)
+        await path.handle("completions", OPENAI, scope, receive, send)
+
+    @asgi("/v1/messages", copy_scope=False)
+    async def messages(scope: Scope, receive: Receive, send: Send) -> None:
+        await path.handle("chat", ANTHROPIC, scope, receive, send)
 
     @get("/v1/models", sync_to_thread=False)
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -167,6 +176,7 @@ def build_app(
         route_handlers=[
             chat_completions,
             completions,
+            messages,
             models,
             health,
             ready,

@@ -105,9 +105,15 @@ async def send_json(
 
 
 async def send_error(
-    send: Send, err: GatewayError, request_id: str, raw_headers: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    err: GatewayError,
+    request_id: str,
+    raw_headers: list[tuple[bytes, bytes]] | None = None,
+    render: Callable[[GatewayError], bytes] | None = None,
 ) -> None:
-    """An OpenAI-style error; ``raw_headers`` are added unless the error sets the same name."""
+    """An error response: OpenAI's shape, or what ``render`` writes (another API's wire
+    format); ``raw_headers`` are added unless the error sets the same name."""
     if raw_headers and err.headers:
         raw_headers = [(k, v) for k, v in raw_headers if k.decode() not in err.headers]
-    await send_json(send, err.status, err.body(), request_id, err.headers, raw_headers)
+    body = err.body() if render is None else render(err)
+    await send_json(send, err.status, body, request_id, err.headers, raw_headers)

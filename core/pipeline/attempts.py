@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+from shuniu.core.api.wire import wire_of
 from shuniu.core.contracts import Ticket
 from shuniu.core.errors import PROTOCOL_ERROR, GatewayError, upstream_error
 from shuniu.core.http.asgi import Send, send_error
@@ -78,7 +79,7 @@ class Attempts:
                 ticket = await self._admit(req, pool, progress)
             except GatewayError as refusal:
                 progress.fail(refusal)
-                await send_error(send, refusal, req.id, extra)
+                await send_error(send, refusal, req.id, extra, wire_of(req).error)
                 return None
             res = self._state.resilience[pool.name]
             # The pool hands out slots on its own endpoints.
@@ -119,7 +120,7 @@ class Attempts:
             retry = await self._after_failure(req, pool, endpoint, err, progress, loop)
             if retry is None:
                 progress.fail(err)
-                await send_error(send, err, req.id, extra)
+                await send_error(send, err, req.id, extra, wire_of(req).error)
                 return None
             pool = retry
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from shuniu.core.api.openai import StreamEncoder, encode_completion
+from shuniu.core.api.wire import wire_of
 from shuniu.core.config import TimeoutsConfig
 from shuniu.core.errors import PROTOCOL_ERROR, GatewayError
 from shuniu.core.http.asgi import Send, send_json
@@ -52,7 +52,7 @@ async def send_completion(
     progress.finish_reason = result.finish_reason
     if filler is not None:
         filler.completion(result)
-    await send_json(send, 200, encode_completion(req, result), req.id, raw_headers=extra)
+    await send_json(send, 200, wire_of(req).completion(req, result), req.id, raw_headers=extra)
 
 
 async def send_stream(
@@ -71,7 +71,7 @@ async def send_stream(
     first = cast(Chunk | None, opened.first)  # a stream's first output is a chunk
     res = opened.resilience
     endpoint = opened.endpoint
-    encoder = StreamEncoder(req)
+    encoder = wire_of(req).stream(req)
     outcome = Outcome.ERROR
     timeouts = res.timeouts
     deadline = req.arrival + timeouts.total_s if timeouts.total_s is not None else None
@@ -114,7 +114,7 @@ async def send_stream(
         err = stream_timeout(dog.fired, timeouts)
         progress.fail(err)
         progress.status = 200
-        await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+        await send({"type": "http.response.body", "body": encoder.error(err), "more_body": False})
         res.failed(endpoint, loop.time())
     except Exception as exc:
         if not isinstance(exc, GatewayError) or (exc.status >= 500 and exc.code != PROTOCOL_ERROR):
@@ -125,7 +125,7 @@ async def send_stream(
         err = exc if isinstance(exc, GatewayError) else backend_failure(endpoint, exc)
         progress.fail(err)
         progress.status = 200
-        await send({"type": "http.response.body", "body": StreamEncoder.error(err), "more_body": False})
+        await send({"type": "http.response.body", "body": encoder.error(err), "more_body": False})
     else:
         res.succeeded(endpoint, loop.time())
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuniu.core.api.openai import parse_request
+from shuniu.core.api.wire import Wire
 from shuniu.core.config import GatewayConfig
 from shuniu.core.errors import GatewayError
 from shuniu.core.http.asgi import Receive, Scope, read_body
@@ -46,11 +46,11 @@ class Intake:
             )
 
     async def read(
-        self, api: Api, scope: Scope, receive: Receive, request_id: str, arrival: float
+        self, api: Api, wire: Wire, scope: Scope, receive: Receive, request_id: str, arrival: float
     ) -> InferenceRequest:
-        """The body, parsed: 413 too large, 400 malformed."""
+        """The body, parsed in ``wire``'s format: 413 too large, 400 malformed."""
         raw = await read_body(scope, receive, self._max_body)
-        return parse_request(raw, api, request_id, arrival)
+        return wire.parse(raw, api, request_id, arrival)
 
     def check_size(self, req: InferenceRequest) -> None:
         """400 when the request has more messages or prompt tokens than the gateway takes."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from shuniu.core.api.wire import Wire, wire_of
 from shuniu.core.errors import GatewayError, method_not_allowed
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.tracing import Tracing, traced
@@ -58,12 +59,14 @@ class RequestPath:
         self.tracing = tracing
         self.attempts = Attempts(state)
 
-    async def handle(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
-        """One inference request, from raw ASGI to the last byte."""
+    async def handle(self, api: Api, wire: Wire, scope: Scope, receive: Receive, send: Send) -> None:
+        """One inference request, from raw ASGI to the last byte, read and answered in
+        ``wire``'s format."""
         request_id = new_request_id(scope)
         loop = asyncio.get_running_loop()
         if scope["method"] != "POST":
-            await send_error(send, method_not_allowed(scope["method"], scope["path"]), request_id)
+            err = method_not_allowed(scope["method"], scope["path"])
+            await send_error(send, err, request_id, render=wire.error)
             return
         arrival = loop.time()
         state = self.state
@@ -78,7 +81,7 @@ class RequestPath:
             if headers:
                 self.intake.check_headers(headers)
             principal = identity.authenticate(tenancy, headers, trace)
-            req = await self.intake.read(api, scope, receive, request_id, arrival)
+            req = await self.intake.read(api, wire, scope, receive, request_id, arrival)
             if principal is not None:
                 req.principal = principal
             if trace is not None:
@@ -100,7 +103,7 @@ class RequestPath:
                 await recount(req, pool.counter)
                 routing.check_context(req, pool)
         except GatewayError as err:
-            await send_error(send, err, request_id)
+            await send_error(send, err, request_id, render=wire.error)
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
             return
         await self._serve(req, pool, tier, degraded, receive, send, loop, Progress(pool.name, trace))
@@ -132,7 +135,7 @@ class RequestPath:
                     admission = await identity.acquire(tenancy, req, tier, trace)
                 except GatewayError as err:
                     progress.fail(err)
-                    await send_error(send, err, req.id)
+                    await send_error(send, err, req.id, render=wire_of(req).error)
                     return
                 if admission is not None:
                     extra = [*extra, *admission.headers] if extra else admission.headers

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from shuniu.core.api.openai import StreamEncoder, encode_completion
+from shuniu.core.api.wire import wire_of
 from shuniu.core.config import CacheConfig
 from shuniu.core.types import Chunk, Completion, InferenceRequest, Usage
 
@@ -268,13 +268,13 @@ class ResponseCache:
         result = Completion(
             "".join(answer.pieces), answer.finish_reason, ResponseCache.usage(answer), answer.extra
         )
-        return encode_completion(req, result)
+        return wire_of(req).completion(req, result)
 
     @staticmethod
     def as_sse(req: InferenceRequest, answer: CachedAnswer) -> bytes:
         """The whole stream, framed as a live one: role, content pieces, finish, usage (when
         asked for), ``[DONE]``."""
-        encoder = StreamEncoder(req)
+        encoder = wire_of(req).stream(req)
         parts = [encoder.start()]
         if answer.extra:
             parts.append(encoder.chunk(Chunk(text="".join(answer.pieces), extra=answer.extra)))

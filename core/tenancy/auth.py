@@ -28,6 +28,7 @@ __all__ = [
 
 _AUTHORIZATION = b"authorization"
 _API_KEY = b"api-key"  # Azure OpenAI's header, which some OpenAI clients send instead
+_X_API_KEY = b"x-api-key"  # Anthropic's header (its SDK sends the key there)
 _BEARER = b"bearer "
 
 
@@ -52,14 +53,15 @@ def invalid_credentials(reason: str = "Incorrect API key provided.") -> GatewayE
 
 
 def bearer_token(headers: Any) -> str | None:
-    """The credential from ``Authorization: Bearer …`` (or an ``api-key`` header)."""
+    """The credential from ``Authorization: Bearer …`` (or an ``api-key`` or ``x-api-key``
+    header)."""
     for key, value in headers:
         if key == _AUTHORIZATION:
             if value[:7].lower() == _BEARER:
                 token = value[7:].strip()
                 return token.decode("latin-1") if token else None
             return None
-        if key == _API_KEY:
+        if key == _API_KEY or key == _X_API_KEY:
             token = value.strip()
             return token.decode("latin-1") if token else None
     return None

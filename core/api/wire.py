@@ -1,0 +1,84 @@
+"""Wire formats: how one API's requests are read and its answers and errors written.
+
+Every inference request travels the same pipeline as an OpenAI chat or completions request
+(``InferenceRequest``, whose ``body`` engines receive); a wire format translates at both
+ends. ``InferenceRequest.wire`` names the request's format, and delivery, the response cache
+and error replies write in it:
+
+- ``openai`` (:mod:`.openai`): ``/v1/chat/completions`` and ``/v1/completions``;
+- ``anthropic`` (:mod:`.anthropic`): Anthropic's Messages API, ``/v1/messages``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+from shuniu.core.api.anthropic import MessagesStream, encode_message, error_body, parse_messages
+from shuniu.core.api.openai import StreamEncoder, encode_completion, parse_request
+from shuniu.core.errors import GatewayError
+from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
+
+__all__ = ["ANTHROPIC", "OPENAI", "WIRES", "StreamWriter", "Wire", "wire_of"]
+
+
+class StreamWriter(Protocol):
+    """One streamed answer, written as its format's events."""
+
+    finish_reason: str | None
+    """The last finish reason a chunk carried (``stop``, ``length``, ``tool_calls``)."""
+
+    def start(self) -> bytes:
+        """What goes before the first chunk (may be empty)."""
+        ...
+
+    def chunk(self, c: Chunk) -> bytes:
+        """One chunk's events (may be empty)."""
+        ...
+
+    def end(self) -> bytes:
+        """What ends a stream that finished."""
+        ...
+
+    def error(self, err: GatewayError) -> bytes:
+        """What ends a stream that failed after its first byte."""
+        ...
+
+    def final_usage(self) -> Usage:
+        """The usage of the whole answer (the engine's, else counted)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One API's requests and answers."""
+
+    name: str
+    """Its name, the value of ``InferenceRequest.wire``."""
+    parse: Callable[[bytes, Api, str, float], InferenceRequest]
+    """``(raw, api, request_id, now)`` → the request; a 400 :class:`GatewayError` when bad."""
+    completion: Callable[[InferenceRequest, Completion], bytes]
+    """A whole answer's JSON body."""
+    stream: Callable[[InferenceRequest], StreamWriter]
+    """A writer for a streamed answer."""
+    error: Callable[[GatewayError], bytes]
+    """An error's JSON body."""
+
+
+OPENAI = Wire("openai", parse_request, encode_completion, StreamEncoder, GatewayError.body)
+ANTHROPIC = Wire(
+    "anthropic",
+    lambda raw, api, request_id, now: parse_messages(raw, request_id, now),
+    encode_message,
+    MessagesStream,
+    error_body,
+)
+WIRES: MappingProxyType[str, Wire] = MappingProxyType({OPENAI.name: OPENAI, ANTHROPIC.name: ANTHROPIC})
+"""Every wire format by name (built in; fixed at import)."""
+
+
+def wire_of(req: InferenceRequest) -> Wire:
+    """The wire format ``req`` arrived in."""
+    return WIRES[req.wire]
