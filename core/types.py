@@ -129,7 +129,11 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     """Endpoints this request already failed on (a retry avoids them)."""
     wire: str = "openai"
     """The wire format the request arrived in and is answered in (``openai``,
-    ``anthropic``: :mod:`shuniu.core.api.wire`); engines always receive ``body`` as OpenAI's."""
+    ``anthropic``, ``responses``: :mod:`shuniu.core.api.wire`); engines always receive
+    ``body`` as OpenAI's."""
+    wire_state: Any = None
+    """What the wire format keeps from the request for its answer (the Responses API echoes
+    parameters the chat body does not carry)."""
     trace_headers: dict[str, str] | None = None
     """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
     gateway's upstream span when tracing is on, else the client's own, passed through."""

@@ -13,12 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from shuniu.core.api.anthropic import to_chat_body
 from shuniu.core.errors import GatewayError
 from tests.conftest import GatewayProcess, start_gateway
-from tests.threaded_app import ThreadedApp
+from tests.tool_upstream import ToolCallingUpstream
 
 anthropic = pytest.importorskip("anthropic", reason="needs the anthropic SDK (the test extra)")
 
@@ -248,63 +247,11 @@ def test_a_bad_field_is_named(body: dict[str, Any], field: str) -> None:
 # --------------------------------------------------------------------------- tool use
 
 
-class ToolUpstream(ThreadedApp):
-    """An OpenAI-compatible server that always calls the ``weather`` tool, whole or streamed
-    (its arguments in two pieces), and keeps the bodies it received."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bodies: list[dict[str, Any]] = []
-
-    def routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/chat/completions", self.chat)
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.bodies.append(body)
-        call = {
-            "id": "call_7",
-            "type": "function",
-            "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
-        }
-        usage = {"prompt_tokens": 11, "completion_tokens": 6, "total_tokens": 17}
-        if not body.get("stream"):
-            message = {"role": "assistant", "content": "Let me check.", "tool_calls": [call]}
-            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-            return web.json_response(
-                {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
-            )
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        deltas: list[tuple[dict[str, Any], str | None]] = [
-            ({"role": "assistant", "content": "Let me check."}, None),
-            (
-                {
-                    "tool_calls": [
-                        {"index": 0, **call, "function": {"name": "weather", "arguments": '{"city": '}}
-                    ]
-                },
-                None,
-            ),
-            ({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, None),
-            ({}, "tool_calls"),
-        ]
-        for delta, finish in deltas:
-            chunk = {
-                "id": "x",
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        tail = {"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": usage}
-        await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\ndata: [DONE]\n\n")
-        return resp
-
-
 @pytest.fixture(scope="module")
-def tool_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ToolUpstream]]:
-    upstream = ToolUpstream()
-    upstream.start()
+def tool_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ToolCallingUpstream]]:
+    upstream = ToolCallingUpstream(
+        "weather", '{"city": "Paris"}', call_id="call_7", text="Let me check.", usage=(11, 6)
+    ).start()
     config = f"""
     models:
       claude-ish:
@@ -327,7 +274,7 @@ TOOLS = [
 ]
 
 
-def test_tool_use_whole(tool_gateway: tuple[str, ToolUpstream]) -> None:
+def test_tool_use_whole(tool_gateway: tuple[str, ToolCallingUpstream]) -> None:
     url, upstream = tool_gateway
     msg = _client(url).messages.create(
         model="claude-ish",
@@ -344,7 +291,7 @@ def test_tool_use_whole(tool_gateway: tuple[str, ToolUpstream]) -> None:
     assert sent["model"] == "up" and sent["tools"][0]["function"]["name"] == "weather"
 
 
-def test_tool_use_streamed(tool_gateway: tuple[str, ToolUpstream]) -> None:
+def test_tool_use_streamed(tool_gateway: tuple[str, ToolCallingUpstream]) -> None:
     url, _ = tool_gateway
     with _client(url).messages.stream(
         model="claude-ish", max_tokens=50, tools=TOOLS, messages=[{"role": "user", "content": "Weather?"}]

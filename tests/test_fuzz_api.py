@@ -99,7 +99,7 @@ def test_every_route_answers_below_500_with_openai_errors(
     ],
 )
 def test_hostile_bodies_get_a_400(fuzz_gateway: GatewayProcess, body: bytes) -> None:
-    for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"):
         r = httpx.post(fuzz_gateway.url + route, content=body, headers={"content-type": "application/json"})
         assert r.status_code in (400, 413), r.text[:300]
         too_large = "request_too_large" if route == "/v1/messages" else "invalid_request_error"
@@ -115,5 +115,12 @@ def test_the_document_is_served_and_the_fuzzing_ran(fuzz_gateway: GatewayProcess
     if out is not None:
         out.write_text(json.dumps({"cases": total, "per_route": RAN}, indent=2))
     print(f"fuzzing: {total} cases over {len(RAN)} routes: {RAN}")
-    assert set(RAN) >= {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/ready"}
+    assert set(RAN) >= {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/v1/models",
+        "/ready",
+    }
     assert total >= 4 * EXAMPLES

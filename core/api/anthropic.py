@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-from shuniu.core.api.openai import decode_body, parse_body, stream_usage
+from shuniu.core.api.openai import StreamTally, decode_body, parse_body, tool_calls_of
 from shuniu.core.errors import GatewayError, bad_request
-from shuniu.core.types import Chunk, Completion, InferenceRequest, Usage
+from shuniu.core.types import Chunk, Completion, InferenceRequest
 
 __all__ = ["MessagesStream", "encode_message", "error_body", "parse_messages", "to_chat_body"]
 
@@ -275,9 +275,7 @@ def encode_message(req: InferenceRequest, result: Completion) -> bytes:
     content: list[dict[str, Any]] = []
     if result.text:
         content.append({"type": "text", "text": result.text})
-    for call in (result.extra or {}).get("tool_calls") or ():
-        if isinstance(call, dict):
-            content.append(_tool_use(call))
+    content.extend(_tool_use(call) for call in tool_calls_of(result.extra))
     usage = result.usage
     return _encode(
         {
@@ -302,21 +300,18 @@ def _event(name: bytes, data: dict[str, Any]) -> bytes:
     return b"event: " + name + b"\ndata: " + _encode(data) + b"\n\n"
 
 
-class MessagesStream:
+class MessagesStream(StreamTally):
     """A streamed answer as Anthropic's events: text becomes one text block, each tool call a
     ``tool_use`` block whose input arrives as ``input_json_delta`` pieces."""
 
-    __slots__ = ("_block", "_index", "_kind", "_req", "_tools", "completion_tokens", "finish_reason", "usage")
+    __slots__ = ("_block", "_index", "_kind", "_tools")
 
     def __init__(self, req: InferenceRequest) -> None:
-        self._req = req
+        super().__init__(req)
         self._index = -1  # the open block's index (-1: none yet)
         self._kind: str | None = None  # "text" or "tool", while a block is open
         self._block = b""  # the open text block's delta prefix
         self._tools: dict[int, int] = {}  # the engine's tool-call index -> block index
-        self.completion_tokens = 0
-        self.usage: Usage | None = None
-        self.finish_reason: str | None = None
 
     def start(self) -> bytes:
         message = {
@@ -351,21 +346,14 @@ class MessagesStream:
         return out + _event(b"content_block_start", start)
 
     def chunk(self, c: Chunk) -> bytes:
-        self.completion_tokens += c.tokens
-        if c.usage is not None:
-            self.usage = c.usage
-        if c.finish_reason is not None:
-            self.finish_reason = c.finish_reason
+        self.note(c)
         out = b""
         if c.text:
             if self._kind != "text":
                 out += self._open("text", {"type": "text", "text": ""})
             out += self._block + _encode(c.text) + b"}}\n\n"
-        calls = (c.extra or {}).get("tool_calls")
-        if isinstance(calls, list):
-            for call in calls:
-                if isinstance(call, dict):
-                    out += self._tool_delta(call)
+        for call in tool_calls_of(c.extra):
+            out += self._tool_delta(call)
         return out
 
     def _tool_delta(self, call: dict[str, Any]) -> bytes:
@@ -390,9 +378,6 @@ class MessagesStream:
             }
             out += _event(b"content_block_delta", delta)
         return out
-
-    def final_usage(self) -> Usage:
-        return stream_usage(self._req, self.usage, self.completion_tokens)
 
     def end(self) -> bytes:
         delta = {

@@ -19,11 +19,13 @@ from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
 
 __all__ = [
     "StreamEncoder",
+    "StreamTally",
     "decode_body",
     "encode_completion",
     "parse_body",
     "parse_request",
     "stream_usage",
+    "tool_calls_of",
 ]
 
 _decode = msgspec.json.Decoder().decode
@@ -309,6 +311,35 @@ def stream_usage(req: InferenceRequest, reported: Usage | None, completion_token
     if reported is not None:
         return reported
     return Usage(req.prompt_tokens, completion_tokens, req.prompt_tokens + completion_tokens)
+
+
+def tool_calls_of(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The tool calls (or tool-call deltas) in a message's or chunk's extra fields."""
+    calls = (extra or {}).get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+class StreamTally:
+    """What every wire format's stream writer keeps of the chunks it wrote: the tokens, the
+    engine's usage and the finish reason (:meth:`note`), and the usage at the end."""
+
+    __slots__ = ("_req", "completion_tokens", "finish_reason", "usage")
+
+    def __init__(self, req: InferenceRequest) -> None:
+        self._req = req
+        self.completion_tokens = 0
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+
+    def note(self, c: Chunk) -> None:
+        self.completion_tokens += c.tokens
+        if c.usage is not None:
+            self.usage = c.usage
+        if c.finish_reason is not None:
+            self.finish_reason = c.finish_reason
+
+    def final_usage(self) -> Usage:
+        return stream_usage(self._req, self.usage, self.completion_tokens)
 
 
 class StreamEncoder:

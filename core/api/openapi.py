@@ -96,6 +96,37 @@ _MESSAGES_REQUEST = {
 }
 """Anthropic's Messages request, as :mod:`shuniu.core.api.anthropic` checks it."""
 
+_RESPONSES_REQUEST = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {
+            "anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]
+        },
+        "instructions": {"type": "string"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number"},
+        "stream": {"type": "boolean"},
+        "store": {"const": False},
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+            },
+        },
+        "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
+        "text": {"type": "object"},
+        "reasoning": {"type": "object"},
+        "metadata": {"type": "object"},
+        "user": {"type": "string"},
+    },
+}
+"""OpenAI's Responses request, the stateless part :mod:`shuniu.core.api.responses` serves."""
+
 
 def _errors(*statuses: int, schema: str = "Error") -> dict[str, Any]:
     ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
@@ -150,6 +181,7 @@ def openapi_document() -> dict[str, Any]:
     schemas["Error"] = _ERROR
     schemas["MessagesRequest"] = _MESSAGES_REQUEST
     schemas["AnthropicError"] = _ANTHROPIC_ERROR
+    schemas["ResponsesRequest"] = _RESPONSES_REQUEST
     return {
         "openapi": "3.1.0",
         "info": {
@@ -161,6 +193,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/chat/completions": _inference("Chat completions (OpenAI)", "ChatCompletionRequest"),
             "/v1/completions": _inference("Text completions (OpenAI)", "CompletionRequest"),
             "/v1/messages": _inference("Messages (Anthropic)", "MessagesRequest", "AnthropicError"),
+            "/v1/responses": _inference("Responses (OpenAI), stateless", "ResponsesRequest"),
             "/v1/models": _get("The models this gateway serves, with their aliases"),
             "/health": _get("Liveness of the gateway process"),
             "/ready": _get(

@@ -6,7 +6,8 @@ ends. ``InferenceRequest.wire`` names the request's format, and delivery, the re
 and error replies write in it:
 
 - ``openai`` (:mod:`.openai`): ``/v1/chat/completions`` and ``/v1/completions``;
-- ``anthropic`` (:mod:`.anthropic`): Anthropic's Messages API, ``/v1/messages``.
+- ``anthropic`` (:mod:`.anthropic`): Anthropic's Messages API, ``/v1/messages``;
+- ``responses`` (:mod:`.responses`): OpenAI's Responses API, ``/v1/responses`` (stateless).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Protocol
 
 from shuniu.core.api.anthropic import MessagesStream, encode_message, error_body, parse_messages
 from shuniu.core.api.openai import StreamEncoder, encode_completion, parse_request
+from shuniu.core.api.responses import ResponsesStream, encode_response, parse_responses
 from shuniu.core.errors import GatewayError
 from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
 
-__all__ = ["ANTHROPIC", "OPENAI", "WIRES", "StreamWriter", "Wire", "wire_of"]
+__all__ = ["ANTHROPIC", "OPENAI", "RESPONSES", "WIRES", "StreamWriter", "Wire", "wire_of"]
 
 
 class StreamWriter(Protocol):
@@ -75,7 +77,14 @@ ANTHROPIC = Wire(
     MessagesStream,
     error_body,
 )
-WIRES: MappingProxyType[str, Wire] = MappingProxyType({OPENAI.name: OPENAI, ANTHROPIC.name: ANTHROPIC})
+RESPONSES = Wire(
+    "responses",
+    lambda raw, api, request_id, now: parse_responses(raw, request_id, now),
+    encode_response,
+    ResponsesStream,
+    GatewayError.body,
+)
+WIRES: MappingProxyType[str, Wire] = MappingProxyType({w.name: w for w in (OPENAI, ANTHROPIC, RESPONSES)})
 """Every wire format by name (built in; fixed at import)."""
 
 

@@ -18,7 +18,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from shuniu.core.api.openapi import openapi_document
-from shuniu.core.api.wire import ANTHROPIC, OPENAI, Wire
+from shuniu.core.api.wire import ANTHROPIC, OPENAI, RESPONSES, Wire
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.hardware import HardwareReadings
@@ -53,6 +53,7 @@ class Dispatch:
             "/v1/chat/completions": ("chat", OPENAI),
             "/v1/completions": ("completions", OPENAI),
             "/v1/messages": ("chat", ANTHROPIC),
+            "/v1/responses": ("chat", RESPONSES),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,6 +95,10 @@ def build_app(
     @asgi("/v1/messages", copy_scope=False)
     async def messages(scope: Scope, receive: Receive, send: Send) -> None:
         await path.handle("chat", ANTHROPIC, scope, receive, send)
+
+    @asgi("/v1/responses", copy_scope=False)
+    async def responses(scope: Scope, receive: Receive, send: Send) -> None:
+        await path.handle("chat", RESPONSES, scope, receive, send)
 
     @get("/v1/models", sync_to_thread=False)
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -177,6 +182,7 @@ def build_app(
             chat_completions,
             completions,
             messages,
+            responses,
             models,
             health,
             ready,
