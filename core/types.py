@@ -33,6 +33,9 @@ class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int | None = None
+    """Of the prompt tokens, those the engine's prefix cache served (``None``: the engine
+    does not say); OpenAI's ``prompt_tokens_details.cached_tokens``."""
 
 
 class Limits(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -99,6 +102,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     include_usage: bool = False
     """``stream_options.include_usage``: send a final usage chunk."""
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats`` (vLLM's, with ``include_usage``): the
+    usage so far on every chunk."""
     max_tokens: int | None = None
     """``max_completion_tokens`` or ``max_tokens``; ``None`` when the client sent neither."""
     stop: list[str] = msgspec.field(default_factory=list)

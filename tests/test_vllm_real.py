@@ -147,6 +147,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "1",
         "--enforce-eager",
         "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
         "--scheduling-policy",
         "priority",
         "--host",
@@ -423,3 +424,27 @@ def test_the_gateway_counts_prompts_as_vllm_does(gateway_factory, server: Server
             else:
                 assert counted == truth.prompt_tokens, (model, api, counted, truth.prompt_tokens)
     engine.close()
+
+
+def test_vllms_cached_tokens_reach_the_client(gateway_factory, server: Server) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's ``prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``)
+    passes through the gateway: a repeated prompt reports what vLLM's prefix cache served."""
+    gw = gateway_factory(
+        f"""
+        models:
+          chat:
+            endpoints:
+              - kind: vllm
+                options: {{base_url: "{server.url}/v1"}}
+        """
+    )
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=120)
+    text = " ".join(f"token{i} and more words" for i in range(100))  # several of vLLM's blocks
+    messages: Any = [{"role": "user", "content": text}]
+    first = client.chat.completions.create(model="chat", messages=messages, max_tokens=1)
+    again = client.chat.completions.create(model="chat", messages=messages, max_tokens=1)
+    assert first.usage is not None and again.usage is not None
+    details = again.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None
+    assert 0 < details.cached_tokens < again.usage.prompt_tokens
+    client.close()

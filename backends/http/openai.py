@@ -46,9 +46,28 @@ class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _EngineUsage(msgspec.Struct):
+    """``usage`` as OpenAI-compatible engines write it (vLLM adds ``prompt_tokens_details``
+    with ``--enable-prompt-tokens-details``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: _Details | None = None
+
+    def usage(self) -> Usage:
+        details = self.prompt_tokens_details
+        cached = details.cached_tokens if details is not None else None
+        return Usage(self.prompt_tokens, self.completion_tokens, self.total_tokens, cached)
+
+
 class _Body(msgspec.Struct):
     choices: list[_Choice] = msgspec.field(default_factory=list)
-    usage: Usage | None = None
+    usage: _EngineUsage | None = None
     error: dict[str, Any] | None = None
 
 
@@ -258,7 +277,9 @@ class OpenAIEngine(BackendBase):
             extra = delta_extras(message)
         else:
             text, extra = choice.text or "", None
-        usage = body.usage or Usage(req.prompt_tokens, 0, req.prompt_tokens)
+        usage = (
+            body.usage.usage() if body.usage is not None else Usage(req.prompt_tokens, 0, req.prompt_tokens)
+        )
         return Completion(text, choice.finish_reason, usage, extra)
 
     def _event_chunk(self, payload: bytes, chat: bool) -> Chunk | None:
@@ -273,7 +294,7 @@ class OpenAIEngine(BackendBase):
                 f"The engine endpoint {self.name} failed: {body.error.get('message', body.error)}"
             )
         if not body.choices:
-            return Chunk(usage=body.usage) if body.usage is not None else None
+            return Chunk(usage=body.usage.usage()) if body.usage is not None else None
         choice = body.choices[0]
         if chat:
             delta = choice.delta or {}
@@ -281,8 +302,9 @@ class OpenAIEngine(BackendBase):
             extra = delta_extras(delta)
         else:
             text, extra = choice.text or "", None
-        if text or extra or choice.finish_reason is not None or body.usage is not None:
-            return Chunk(text, 1 if text else 0, choice.finish_reason, body.usage, extra)
+        usage = body.usage.usage() if body.usage is not None else None
+        if text or extra or choice.finish_reason is not None or usage is not None:
+            return Chunk(text, 1 if text else 0, choice.finish_reason, usage, extra)
         return None
 
     async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:

@@ -169,9 +169,8 @@ class SimBackend(BackendBase):
                         ended = True
                         if tokens < count:
                             self.engine.abort(seq, aborted=False)  # a stop string ended it early
-                        yield Chunk(
-                            piece, 1, reason, Usage(req.prompt_tokens, tokens, req.prompt_tokens + tokens)
-                        )
+                        p = req.prompt_tokens
+                        yield Chunk(piece, 1, reason, Usage(p, tokens, p + tokens, seq.cached_tokens))
                         return
                     yield Chunk(piece, 1)
         finally:

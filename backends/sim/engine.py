@@ -86,6 +86,7 @@ class Seq:
     __slots__ = (
         "arrival",
         "blocks",
+        "cached_tokens",
         "done",
         "finished_at",
         "first_token_at",
@@ -125,6 +126,7 @@ class Seq:
         self.arrival = arrival
         self.status = WAITING
         self.num_computed = 0  # tokens whose KV is in the cache
+        self.cached_tokens: int | None = None  # prompt tokens the prefix cache served at admission
         self.output_count = 0
         self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
         self.blocks: list[int] = []
@@ -396,6 +398,8 @@ class EngineCore:
             seq.blocks = hits + new
             seq.num_hashed = len(hits)
             seq.num_computed = cached
+            if seq.cached_tokens is None:  # the first admission (a preempted one recomputes)
+                seq.cached_tokens = min(cached, seq.prompt_len)
             seq.status = RUNNING
             running.append(seq)
             items.append((seq, n))

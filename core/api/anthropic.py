@@ -24,7 +24,7 @@ import msgspec
 
 from shuniu.core.api.openai import StreamTally, decode_body, parse_body, tool_calls_of
 from shuniu.core.errors import GatewayError, bad_request
-from shuniu.core.types import Chunk, Completion, InferenceRequest
+from shuniu.core.types import Chunk, Completion, InferenceRequest, Usage
 
 __all__ = ["MessagesStream", "encode_message", "error_body", "parse_messages", "to_chat_body"]
 
@@ -270,6 +270,19 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _usage(usage: Usage) -> dict[str, Any]:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the prefix
+    cache, ``cache_read_input_tokens`` those that were (when the engine says)."""
+    cached = usage.cached_tokens
+    if cached is None:
+        return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens - cached,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage.completion_tokens,
+    }
+
+
 def encode_message(req: InferenceRequest, result: Completion) -> bytes:
     """A whole answer as a Messages response."""
     content: list[dict[str, Any]] = []
@@ -286,7 +299,7 @@ def encode_message(req: InferenceRequest, result: Completion) -> bytes:
             "content": content,
             "stop_reason": _stop_reason(result.finish_reason),
             "stop_sequence": None,
-            "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+            "usage": _usage(usage),
         }
     )
 
@@ -383,7 +396,7 @@ class MessagesStream(StreamTally):
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": _stop_reason(self.finish_reason), "stop_sequence": None},
-            "usage": {"output_tokens": self.final_usage().completion_tokens},
+            "usage": _usage(self.final_usage()),
         }
         return (
             self._close()

@@ -26,6 +26,7 @@ __all__ = [
     "parse_request",
     "stream_usage",
     "tool_calls_of",
+    "usage_object",
 ]
 
 _decode = msgspec.json.Decoder().decode
@@ -34,6 +35,7 @@ _encode = msgspec.json.Encoder().encode
 
 class _StreamOptions(msgspec.Struct):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _Message(msgspec.Struct):
@@ -257,6 +259,11 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
         prompt_tokens=prompt_tokens,
         stream=parsed.stream,
         include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+        continuous_usage=bool(
+            parsed.stream_options
+            and parsed.stream_options.include_usage
+            and parsed.stream_options.continuous_usage_stats
+        ),
         max_tokens=max_tokens,
         stop=stops,
         ignore_eos=parsed.ignore_eos,
@@ -269,6 +276,19 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
 
 def _response_id(req: InferenceRequest) -> str:
     return ("chatcmpl-" if req.api == "chat" else "cmpl-") + req.id
+
+
+def usage_object(usage: Usage) -> dict[str, Any]:
+    """``usage`` as OpenAI writes it (``prompt_tokens_details.cached_tokens`` when the engine
+    said how many prompt tokens its prefix cache served)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+    if usage.cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return out
 
 
 def encode_completion(req: InferenceRequest, result: Completion, created: int | None = None) -> bytes:
@@ -296,11 +316,7 @@ def encode_completion(req: InferenceRequest, result: Completion, created: int | 
             "created": created,
             "model": req.model,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            },
+            "usage": usage_object(usage),
         }
     )
 
@@ -348,6 +364,7 @@ class StreamEncoder:
     __slots__ = (
         "_base",
         "_chat",
+        "_continuous",
         "_head",
         "_req",
         "_tail",
@@ -363,6 +380,7 @@ class StreamEncoder:
         self._chat = req.api == "chat"
         obj = "chat.completion.chunk" if self._chat else "text_completion"
         self._usage_null = b',"usage":null' if req.include_usage else b""
+        self._continuous = req.continuous_usage
         self._base = (
             b'{"id":'
             + _encode(_response_id(req))
@@ -390,7 +408,9 @@ class StreamEncoder:
             b"data: "
             + self._base
             + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            b'"finish_reason":null}]' + self._usage_null + b"}\n\n"
+            b'"finish_reason":null}]'
+            + (self._usage_null if not self._continuous else self._running())
+            + b"}\n\n"
         )
 
     def chunk(self, c: Chunk) -> bytes:
@@ -402,14 +422,15 @@ class StreamEncoder:
         else:
             finish = _encode(c.finish_reason)
             self.finish_reason = c.finish_reason
+        usage = self._usage_null if not self._continuous else self._running()
         if c.extra:
-            return self._generic(c, finish)
+            return self._generic(c, finish, usage)
         if not c.text and c.finish_reason is None:
             return b""
         if self._chat and not c.text:
             return (
                 b"data: " + self._base + b',"choices":[{"index":0,"delta":{},"logprobs":null,'
-                b'"finish_reason":' + finish + b"}]" + self._usage_null + b"}\n\n"
+                b'"finish_reason":' + finish + b"}]" + usage + b"}\n\n"
             )
         return (
             self._head
@@ -418,11 +439,17 @@ class StreamEncoder:
             + b',"logprobs":null,"finish_reason":'
             + finish
             + b"}]"
-            + self._usage_null
+            + usage
             + b"}\n\n"
         )
 
-    def _generic(self, c: Chunk, finish: bytes) -> bytes:
+    def _running(self) -> bytes:
+        """The usage so far, for ``continuous_usage_stats``."""
+        p = self._req.prompt_tokens
+        n = self.completion_tokens
+        return b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (p, n, p + n)
+
+    def _generic(self, c: Chunk, finish: bytes, usage: bytes) -> bytes:
         if self._chat:
             delta: dict[str, Any] = dict(c.extra or {})
             if c.text:
@@ -438,7 +465,7 @@ class StreamEncoder:
             + b',"logprobs":null,"finish_reason":'
             + finish
             + b"}]"
-            + self._usage_null
+            + usage
             + b"}\n\n"
         )
 
@@ -453,7 +480,7 @@ class StreamEncoder:
             b"data: "
             + self._base
             + b',"choices":[],"usage":'
-            + _encode(self.final_usage())
+            + _encode(usage_object(self.final_usage()))
             + b"}\n\ndata: [DONE]\n\n"
         )
 

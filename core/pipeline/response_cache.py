@@ -79,6 +79,9 @@ class CachedAnswer(msgspec.Struct, array_like=True):
     extra: dict[str, Any] | None = None
     """Other message fields of a non-streamed answer (``tool_calls``)."""
     created: float = 0.0
+    cached_tokens: int | None = None
+    """The engine's prefix-cache tokens of the original answer, replayed as they were (last:
+    entries written before the field decode without it)."""
 
 
 _decode_answer = msgspec.msgpack.Decoder(CachedAnswer).decode
@@ -232,6 +235,7 @@ class ResponseCache:
                 usage.completion_tokens,
                 filler.extra,
                 time.time(),
+                usage.cached_tokens,
             )
             value = _encode_answer(answer)
             if len(value) > self.config.max_entry_bytes:
@@ -259,9 +263,8 @@ class ResponseCache:
 
     @staticmethod
     def usage(answer: CachedAnswer) -> Usage:
-        return Usage(
-            answer.prompt_tokens, answer.completion_tokens, answer.prompt_tokens + answer.completion_tokens
-        )
+        p, c = answer.prompt_tokens, answer.completion_tokens
+        return Usage(p, c, p + c, answer.cached_tokens)
 
     @staticmethod
     def as_json(req: InferenceRequest, answer: CachedAnswer) -> bytes:
