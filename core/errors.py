@@ -22,6 +22,7 @@ __all__ = [
     "not_found",
     "payload_too_large",
     "protocol_error",
+    "unsupported_modality",
     "upstream_error",
 ]
 
@@ -67,6 +68,19 @@ class GatewayError(Exception):
     def sse_event(self) -> bytes:
         """The error as an SSE event, for failures after the first streamed byte."""
         return b"data: " + self.body() + b"\n\n"
+
+
+def unsupported_modality(model: str, pool: str, missing: list[str], accepts: list[str]) -> GatewayError:
+    """A request with input (images, audio, ...) that the model serving it does not take."""
+    served = f"`{model}`" if model == pool else f"`{model}` (served by `{pool}`)"
+    takes = ", ".join(["text", *accepts])
+    return GatewayError(
+        400,
+        f"Model {served} does not take {' or '.join(missing)} input (it takes {takes}); send "
+        "text only, or use a model that does.",
+        param="messages",
+        code="unsupported_modality",
+    )
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         RegisterBackend,
         RegisterBalancer,
         RegisterCacheStore,
+        RegisterClassifier,
         RegisterFilter,
         RegisterHardwareProbe,
         RegisterRateLimitStore,
@@ -134,6 +135,17 @@ def register_hardware(register: RegisterHardwareProbe) -> None:
     :class:`shuniu.core.contracts.ProbeReport` (synchronous, run in a worker thread; a
     missing library or driver is an unavailable report, not an exception). Return value
     ignored; not ``firstresult``.
+    """
+
+
+@hookspec
+def register_classifiers(register: RegisterClassifier) -> None:
+    """Register request classifiers (the ``classifier.kind`` of a model).
+
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Classifier`, one per model,
+    whose ``classify(req)`` labels each request before the model's routing rules (which
+    match on ``labels``). Return value ignored; not ``firstresult``.
     """
 
 

@@ -46,6 +46,7 @@ Category = Literal[
     "rate_limiters",
     "authenticators",
     "hardware",
+    "classifiers",
 ]
 CATEGORIES: tuple[Category, ...] = (
     "backends",
@@ -57,6 +58,7 @@ CATEGORIES: tuple[Category, ...] = (
     "rate_limiters",
     "authenticators",
     "hardware",
+    "classifiers",
 )
 
 

@@ -125,6 +125,12 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     version: str | None = None
     """The endpoint version this request must run on (a canary split or a pinning header);
     ``None`` = any."""
+    modalities: frozenset[str] = frozenset()
+    """The input modalities beyond text the prompt carries (``image``, ``audio``, ``video``,
+    ``file``): only a model that declares them (``modalities:``) is given the request."""
+    label: str | None = None
+    """What the model's classifier (``classifier:``) made of the request, for routing rules'
+    ``labels``; ``None`` without one."""
     token_ids: list[int] | None = None
     """The prompt's token ids when known exactly (the simulator; a completion sent as ids)."""
     prefix_hashes: list[int] | None = None

@@ -55,6 +55,7 @@ BUILTINS = {
     "fifo",
     "priority",
     "locality",
+    "heuristic",
     *BALANCERS,
     *TENANCY,
     *HARDWARE,

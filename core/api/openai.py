@@ -87,7 +87,26 @@ def _validation_error(exc: msgspec.ValidationError) -> GatewayError:
     return bad_request(f"Invalid value{where}: {message}.", param, "invalid_type")
 
 
-def _flatten_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
+_TEXT_ONLY: frozenset[str] = frozenset()
+
+MODALITY_OF_PART = {
+    "image_url": "image",
+    "image": "image",
+    "input_image": "image",
+    "input_audio": "audio",
+    "audio_url": "audio",
+    "audio": "audio",
+    "video_url": "video",
+    "video": "video",
+    "file": "file",
+    "input_file": "file",
+}
+"""Content part types that are not text, and the input modality each is (OpenAI's parts and
+vLLM's extensions)."""
+
+
+def _flatten_content(content: str | list[dict[str, Any]] | None, i: int, seen: set[str]) -> str:
+    """The text of a message's content; the non-text modalities its parts carry go in ``seen``."""
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
@@ -95,7 +114,10 @@ def _flatten_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
         kind = part.get("type")
         if not isinstance(kind, str):
             raise bad_request("Each content part needs a string 'type'.", f"messages[{i}].content[{j}].type")
-        if kind == "text":
+        modality = MODALITY_OF_PART.get(kind)
+        if modality is not None:
+            seen.add(modality)
+        elif kind == "text":
             text = part.get("text")
             if not isinstance(text, str):
                 raise bad_request(
@@ -175,6 +197,7 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
         raise _validation_error(exc) from None
 
     token_ids: list[int] | None = None
+    modalities: frozenset[str] = _TEXT_ONLY
     if api == "chat":
         assert isinstance(parsed, _ChatBody)
         if "messages" not in body:
@@ -184,6 +207,7 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
         if not parsed.messages:
             raise bad_request("'messages' must contain at least one message.", "messages", "empty_array")
         lines = []
+        seen: set[str] = set()
         for i, msg in enumerate(parsed.messages):
             if msg.role not in _ROLES:
                 raise bad_request(
@@ -193,9 +217,11 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
                     f"messages[{i}].role",
                     "invalid_value",
                 )
-            lines.append(f"{msg.role}: {_flatten_content(msg.content, i)}\n")
+            lines.append(f"{msg.role}: {_flatten_content(msg.content, i, seen)}\n")
         prompt = "".join(lines)
         prompt_tokens = count_chat(prompt, len(lines))
+        if seen:
+            modalities = frozenset(seen)
     else:
         assert isinstance(parsed, _CompletionBody)
         p = parsed.prompt
@@ -259,6 +285,7 @@ def parse_body(body: dict[str, Any], api: Api, request_id: str, now: float) -> I
         prompt_tokens=prompt_tokens,
         stream=parsed.stream,
         include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+        modalities=modalities,
         continuous_usage=bool(
             parsed.stream_options
             and parsed.stream_options.include_usage

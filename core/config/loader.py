@@ -59,6 +59,8 @@ class ResolvedDeployment:
     """Validated options of the rate-limit store (``rate_limits.options``)."""
     cache_options: Any = None
     """Validated options of the cache store (``cache.options``)."""
+    classifier_options: dict[str, Any] = field(default_factory=dict)
+    """Model → validated options of its ``classifier``."""
 
 
 def quickstart_text() -> str:
@@ -282,7 +284,7 @@ def load_deployment(
     # Plugin names and options are checked on the raw data, so a file with schema problems
     # still gets its plugin problems reported in the same run.
     parts: dict[str, dict[tuple[str, int], Any]] = {"filters": {}, "scorers": {}}
-    endpoint_options, balancer_options, scheduler_options = _check_plugins(
+    endpoint_options, balancer_options, scheduler_options, classifier_options = _check_plugins(
         data, plugins, lines, problems, parts
     )
     tenancy = _check_tenancy(data, plugins, lines, problems)
@@ -301,6 +303,7 @@ def load_deployment(
         parts["filters"],
         parts["scorers"],
         *tenancy,
+        classifier_options=classifier_options,
     )
     _cross_check_tenancy(resolved, lines, problems)
     seen: dict[str, tuple[Any, ...]] = {}
@@ -344,13 +347,19 @@ def _check_plugins(
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
     parts: dict[str, dict[tuple[str, int], Any]],
-) -> tuple[dict[tuple[str, int], Any], dict[str, Any], dict[str, Any]]:
-    """Look up every backend kind, policy, filter and scorer name, and validate their options."""
+) -> tuple[dict[tuple[str, int], Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Look up every backend kind, policy, filter, scorer and classifier name, and validate
+    their options."""
     endpoint_options: dict[tuple[str, int], Any] = {}
-    policy_options: dict[str, dict[str, Any]] = {"balancer": {}, "scheduler": {}}
+    policy_options: dict[str, dict[str, Any]] = {"balancer": {}, "scheduler": {}, "classifier": {}}
     models = data.get("models")
     if not isinstance(models, dict):
-        return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+        return (
+            endpoint_options,
+            policy_options["balancer"],
+            policy_options["scheduler"],
+            policy_options["classifier"],
+        )
     defaults = {"balancer": "round_robin", "scheduler": "priority"}
     for model_name, model in models.items():
         if not isinstance(model, dict):
@@ -379,6 +388,26 @@ def _check_plugins(
                 policy_options[key][model_name] = _validate_options(
                     reg.options, options, (*base, key, "options"), lines, problems
                 )
+        classifier = model.get("classifier")
+        if isinstance(classifier, dict) and isinstance(classifier.get("kind"), str):
+            loc = (*base, "classifier", "kind")
+            reg = plugins.registered("classifiers").get(classifier["kind"])
+            if reg is None:
+                problems.append(
+                    Problem(
+                        field_path(loc),
+                        _unknown("classifiers", classifier["kind"], plugins),
+                        line_for(lines, loc),
+                    )
+                )
+            elif isinstance(classifier.get("options") or {}, dict):
+                policy_options["classifier"][model_name] = _validate_options(
+                    reg.options,
+                    classifier.get("options") or {},
+                    (*base, "classifier", "options"),
+                    lines,
+                    problems,
+                )
         endpoints = model.get("endpoints")
         if not isinstance(endpoints, list):
             continue
@@ -403,7 +432,12 @@ def _check_plugins(
                 endpoint_options[(model_name, i)] = _validate_options(
                     reg.options, options, (*loc, "options"), lines, problems
                 )
-    return endpoint_options, policy_options["balancer"], policy_options["scheduler"]
+    return (
+        endpoint_options,
+        policy_options["balancer"],
+        policy_options["scheduler"],
+        policy_options["classifier"],
+    )
 
 
 def _check_tenancy(

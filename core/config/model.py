@@ -21,6 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+Modality = Literal["text", "image", "audio", "video", "file"]
+"""An input modality a model takes."""
+
 __all__ = [
     "LAUNCH_PLACEHOLDERS",
     "AccessLogConfig",
@@ -28,6 +31,7 @@ __all__ = [
     "AuthenticatorConfig",
     "BalancerConfig",
     "CacheConfig",
+    "ClassifierConfig",
     "DegradeConfig",
     "Deployment",
     "EndpointConfig",
@@ -274,9 +278,32 @@ class RouteRule(_Strict):
     tiers: list[str] | None = None
     """Tiers that match (the principal's tier)."""
     min_prompt_tokens: int | None = Field(None, ge=0)
-    """Match prompts of at least this many (estimated) tokens."""
+    """Match prompts of at least this many tokens (as the model counts them)."""
     max_prompt_tokens: int | None = Field(None, ge=0)
-    """Match prompts of at most this many (estimated) tokens."""
+    """Match prompts of at most this many tokens (as the model counts them)."""
+    modalities: list[Modality] | None = None
+    """Match requests that carry any of these input modalities beyond text (image, audio,
+    video or file parts), e.g. to send pictures to a vision model."""
+    tools: bool | None = None
+    """``true``: match requests that offer tools; ``false``: requests without."""
+    reasoning_effort: list[str] | None = None
+    """Match requests whose ``reasoning_effort`` is one of these (``low``, ``medium``,
+    ``high``, ...)."""
+    response_format: list[Literal["text", "json_object", "json_schema"]] | None = None
+    """Match requests whose ``response_format.type`` is one of these (no ``response_format``
+    is ``text``)."""
+    labels: list[str] | None = None
+    """Match requests the model's ``classifier`` labelled with one of these."""
+
+
+class ClassifierConfig(_Strict):
+    """A plugin that labels each request of the model before its routing rules run (e.g. a
+    small model that tells simple requests from hard ones); rules match on ``labels``."""
+
+    kind: str
+    """A registered classifier (``shuniu plugins`` lists them; built in: ``heuristic``)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that classifier, validated by it."""
 
 
 LAUNCH_PLACEHOLDERS = ("host", "port", "replica", "name", "model")
@@ -518,6 +545,13 @@ class ModelConfig(_Strict):
     max_model_len: int | None = Field(None, ge=1)
     """Context window in tokens; requests whose prompt plus ``max_tokens`` exceed it get 400.
     When unset, the backend's own value is used if it reports one."""
+    modalities: list[Modality] = Field(default_factory=lambda: ["text"], min_length=1)
+    """The input the model takes: ``text``, and ``image``, ``audio``, ``video`` or ``file``
+    parts. A request carrying a modality no model it can reach takes is refused with 400
+    before any engine sees it (default: text only, so a picture never reaches a text-only
+    engine)."""
+    classifier: ClassifierConfig | None = None
+    """Labels each request (``labels`` in ``routes``) before the routing rules run."""
     tokenizer: str | None = None
     """How prompts are counted in tokens for every limit (context window,
     ``max_prompt_tokens``, TPM, length routing): a local ``tokenizer.json`` or the model
@@ -565,6 +599,12 @@ class ModelConfig(_Strict):
                 f"must be 'engine', a tokenizer.json or a model directory; {value} does not exist"
             )
         return value
+
+    @model_validator(mode="after")
+    def _labels_need_a_classifier(self) -> ModelConfig:
+        if self.classifier is None and any(r.labels for r in self.routes):
+            raise ValueError("routes match on labels, but the model has no classifier to give them")
+        return self
 
     @model_validator(mode="after")
     def _traffic_versions(self) -> ModelConfig:

@@ -12,6 +12,7 @@ authenticator      :class:`Authenticator`                  ``register_authentica
 rate-limit store   :class:`RateLimitStore`                 ``register_rate_limiters``
 cache store        :class:`CacheStore`                     ``register_caches``
 hardware probe     :class:`HardwareProbe`                  ``register_hardware``
+classifier         :class:`Classifier`                     ``register_classifiers``
 command            :data:`CommandGroup` (click)            ``register_commands``
 =================  =====================================  ==============================
 
@@ -27,6 +28,7 @@ from shuniu.core.contracts.auth import Authenticator, AuthenticatorOptions
 from shuniu.core.contracts.backend import Backend, BackendBase, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
+from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.commands import CommandGroup
 from shuniu.core.contracts.conformance import conform, optional
 from shuniu.core.contracts.hardware import DeviceReading, HardwareProbe, ProbeReport
@@ -36,6 +38,7 @@ from shuniu.core.contracts.registration import (
     BackendFactory,
     BalancerFactory,
     CacheStoreFactory,
+    ClassifierFactory,
     FilterFactory,
     HardwareProbeFactory,
     RateLimitStoreFactory,
@@ -44,6 +47,7 @@ from shuniu.core.contracts.registration import (
     RegisterBackend,
     RegisterBalancer,
     RegisterCacheStore,
+    RegisterClassifier,
     RegisterFilter,
     RegisterHardwareProbe,
     RegisterRateLimitStore,
@@ -67,6 +71,8 @@ __all__ = [
     "BalancerFactory",
     "CacheStore",
     "CacheStoreFactory",
+    "Classifier",
+    "ClassifierFactory",
     "CommandGroup",
     "Decision",
     "DeviceReading",
@@ -87,6 +93,7 @@ __all__ = [
     "RegisterBackend",
     "RegisterBalancer",
     "RegisterCacheStore",
+    "RegisterClassifier",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",

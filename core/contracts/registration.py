@@ -19,6 +19,7 @@ from shuniu.core.contracts.auth import Authenticator
 from shuniu.core.contracts.backend import Backend, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
+from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.hardware import HardwareProbe
 from shuniu.core.contracts.ratelimit import RateLimitStore
 from shuniu.core.contracts.scheduler import Scheduler
@@ -28,6 +29,7 @@ __all__ = [
     "BackendFactory",
     "BalancerFactory",
     "CacheStoreFactory",
+    "ClassifierFactory",
     "FilterFactory",
     "HardwareProbeFactory",
     "RateLimitStoreFactory",
@@ -36,6 +38,7 @@ __all__ = [
     "RegisterBackend",
     "RegisterBalancer",
     "RegisterCacheStore",
+    "RegisterClassifier",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",
@@ -90,6 +93,7 @@ AuthenticatorFactory = Callable[[Any], Authenticator]
 RateLimitStoreFactory = Callable[[Any], RateLimitStore]
 CacheStoreFactory = Callable[[Any], CacheStore]
 HardwareProbeFactory = Callable[[Any], HardwareProbe]
+ClassifierFactory = Callable[[Any], Classifier]
 
 RegisterBackend = Register[BackendFactory]
 RegisterBalancer = Register[BalancerFactory]
@@ -100,3 +104,4 @@ RegisterAuthenticator = Register[AuthenticatorFactory]
 RegisterRateLimitStore = Register[RateLimitStoreFactory]
 RegisterCacheStore = Register[CacheStoreFactory]
 RegisterHardwareProbe = Register[HardwareProbeFactory]
+RegisterClassifier = Register[ClassifierFactory]

@@ -184,8 +184,10 @@ class Attempts:
             fallback = res.retries.fallback
             if fallback is None or progress.fell_back or progress.attempts > res.retries.max_retries:
                 return None
-            progress.fell_back = True
             target = state.pools[fallback]
+            if req.modalities - target.accepts:
+                return None  # the fallback model cannot take this input
+            progress.fell_back = True
             req.tried = None
         progress.attempts += 1
         progress.retrying = True

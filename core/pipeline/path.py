@@ -96,6 +96,8 @@ class RequestPath:
             if headers:
                 self.intake.apply_headers(req, headers, arrival, tenancy.identity_headers)
             tier = identity.check_tier(tenancy, req, pool)
+            if pool.classifier is not None:
+                await routing.classify(req, pool.classifier)
             pool, degraded = routing.route(req, tier, pool, state.pools, state.router, state.overload)
             if pool.counter is not counter and pool.counter is not None:
                 # A rule or degradation chose a model with another tokenizer: its count decides

@@ -1,7 +1,8 @@
 """Routing before balancing: which pool serves a request, and on which version.
 
-Per model, ``routes`` rules (by request kind, estimated prompt length, tier) may send a
-request to another model's pool — one hop, the target's own rules are not applied, so rules
+Per model, ``routes`` rules (by request kind, prompt length, tier, input modality, tools,
+reasoning effort, response format, the classifier's label) may send a request to another
+model's pool — one hop, the target's own rules are not applied, so rules
 cannot loop. Then the pool's ``traffic`` split draws the version label the request runs on
 (a canary), unless the request pins one with the model's ``version_header``.
 """
@@ -18,7 +19,14 @@ from shuniu.core.errors import bad_request
 from shuniu.core.pools.pool import Pool
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["Router"]
+__all__ = ["Router", "response_format"]
+
+
+def response_format(req: InferenceRequest) -> str:
+    """The request's ``response_format.type`` (``text`` when it sets none)."""
+    fmt = req.body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    return kind if isinstance(kind, str) else "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +36,27 @@ class _Rule:
     min_tokens: int | None
     max_tokens: int | None
     to: Pool
+    modalities: frozenset[str] | None = None
+    tools: bool | None = None
+    efforts: frozenset[str] | None = None
+    formats: frozenset[str] | None = None
+    labels: frozenset[str] | None = None
 
     def matches(self, req: InferenceRequest) -> bool:
-        return (
+        if not (
             (self.apis is None or req.api in self.apis)
             and (self.tiers is None or req.principal.tier in self.tiers)
             and (self.min_tokens is None or req.prompt_tokens >= self.min_tokens)
             and (self.max_tokens is None or req.prompt_tokens <= self.max_tokens)
+            and (self.modalities is None or not self.modalities.isdisjoint(req.modalities))
+            and (self.labels is None or req.label in self.labels)
+        ):
+            return False
+        body = req.body
+        return (
+            (self.tools is None or bool(body.get("tools")) == self.tools)
+            and (self.efforts is None or body.get("reasoning_effort") in self.efforts)
+            and (self.formats is None or response_format(req) in self.formats)
         )
 
 
@@ -76,6 +98,11 @@ class Router:
                     r.min_prompt_tokens,
                     r.max_prompt_tokens,
                     pools[r.to],
+                    frozenset(r.modalities) if r.modalities is not None else None,
+                    r.tools,
+                    frozenset(r.reasoning_effort) if r.reasoning_effort is not None else None,
+                    frozenset(r.response_format) if r.response_format is not None else None,
+                    frozenset(r.labels) if r.labels is not None else None,
                 )
                 for r in model.routes
             )

@@ -5,16 +5,20 @@ split (:class:`~shuniu.core.pipeline.router.Router`), and the chosen pool's cont
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
-from shuniu.core.errors import context_too_long, model_not_found
+from shuniu.core.contracts import Classifier
+from shuniu.core.errors import context_too_long, model_not_found, unsupported_modality
 from shuniu.core.pipeline.degradation import OverloadMonitor, degrade
 from shuniu.core.pipeline.router import Router
 from shuniu.core.pools.pool import Pool
 from shuniu.core.tenancy.tenancy import Tier
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["check_context", "lookup", "route"]
+__all__ = ["check_context", "check_modalities", "classify", "lookup", "route"]
+
+log = logging.getLogger("shuniu.routing")
 
 
 def lookup(routes: Mapping[str, Pool], req: InferenceRequest) -> Pool:
@@ -44,8 +48,27 @@ def route(
     ):
         pool, degraded = degrade(req, tier, pool, pools, overload)
     pool = router.resolve(req, pool)
+    check_modalities(req, pool)
     check_context(req, pool)
     return pool, degraded
+
+
+async def classify(req: InferenceRequest, classifier: Classifier) -> None:
+    """Label ``req`` with the model's classifier (a classifier that fails gives no label: it
+    must not fail the request)."""
+    try:
+        req.label = await classifier.classify(req)
+    except Exception:
+        log.debug("the classifier failed on request %s", req.id, exc_info=True)
+        req.label = None
+
+
+def check_modalities(req: InferenceRequest, pool: Pool) -> None:
+    """400 when the request carries input (images, audio, video, files) the pool's model
+    does not take: it is never sent to an engine that would ignore or reject it."""
+    missing = req.modalities - pool.accepts
+    if missing:
+        raise unsupported_modality(req.model, pool.name, sorted(missing), sorted(pool.accepts))
 
 
 def check_context(req: InferenceRequest, pool: Pool) -> None:

@@ -22,6 +22,7 @@ from shuniu.core.contracts import (
     Backend,
     Balancer,
     CacheStore,
+    Classifier,
     EndpointSpec,
     Filter,
     RateLimitStore,
@@ -154,6 +155,8 @@ class PoolBuilder:
             )
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
             pool.counter = self.counter(model_name, model, pool)
+            pool.accepts = frozenset(model.modalities) - {"text"}
+            pool.classifier = self.classifier(resolved, model_name, model)
             built.pools[model_name] = pool
             built.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)
             for alias in [model_name, *model.aliases]:
@@ -198,6 +201,16 @@ class PoolBuilder:
         except (OSError, TokenizerError) as exc:
             raise ConfigError([Problem(where, str(exc))]) from None
         return tokenizer
+
+    def classifier(
+        self, resolved: ResolvedDeployment, model_name: str, model: ModelConfig
+    ) -> Classifier | None:
+        """The model's classifier (``classifier:``), or ``None``."""
+        if model.classifier is None:
+            return None
+        reg = self.plugins.registered("classifiers")[model.classifier.kind]
+        options = resolved.classifier_options.get(model_name)
+        return _checked(reg.factory(options), Classifier, reg, "classifier")  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Stop the tokenizers' worker threads (at shutdown)."""

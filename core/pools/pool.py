@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from shuniu.core.contracts import Backend, Balancer, Scheduler, Ticket
+from shuniu.core.contracts import Backend, Balancer, Classifier, Scheduler, Ticket
 from shuniu.core.tokenization.counter import PromptCounter
 from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
 
@@ -119,7 +119,9 @@ class Pool:
     __slots__ = (
         "_next_index",
         "_on_change",
+        "accepts",
         "balancer",
+        "classifier",
         "counter",
         "dispatched",
         "endpoints",
@@ -149,6 +151,10 @@ class Pool:
         self.max_model_len = max_model_len
         self.counter = counter
         """Counts prompts in the model's tokens (``tokenizer:``); ``None``: the estimate."""
+        self.accepts: frozenset[str] = frozenset()
+        """The input modalities beyond text the model takes (``modalities:``)."""
+        self.classifier: Classifier | None = None
+        """Labels the model's requests before its routing rules (``classifier:``)."""
         self.dispatched = 0
         """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
         self._next_index = len(endpoints)

@@ -1,0 +1,1 @@
+"""Built-in request classifiers (``classifier.kind`` of a model): ``heuristic``."""
