@@ -103,3 +103,23 @@ def test_tenancy_example_serves_keys_tiers_limits_and_cache(gateway_factory) -> 
     assert other.headers["x-shuniu-cache"] == "miss"  # another tenant
     assert other.headers["x-ratelimit-limit-requests"] == "10"  # the key's own limit
     assert other.parse().usage.completion_tokens <= 128  # the free tier's default max_tokens
+
+
+def test_routing_by_request_example_serves_pictures_and_text(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory((ROOT / "examples" / "routing_by_request.yaml").read_text())
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=60)
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    for content in ("hello", [{"type": "text", "text": "what is this?"}, picture]):
+        resp = client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=3,  # type: ignore[misc]
+        )
+        assert resp.model == "gpt-4o-mini" and resp.usage is not None and resp.usage.completion_tokens <= 3
+    with pytest.raises(openai.BadRequestError) as err:  # the large model takes text only
+        client.chat.completions.create(
+            model="assistant-large",
+            messages=[{"role": "user", "content": [picture]}],
+            max_tokens=3,  # type: ignore[misc]
+        )
+    assert err.value.code == "unsupported_modality"
