@@ -147,6 +147,17 @@ def test_the_other_apis_carry_their_pictures_too(gw: GatewayProcess) -> None:
             """,
             "models.m.modalities",
         ),
+        (
+            """
+            models:
+              m:
+                routes: [{modalities: [image], to: other}]
+                endpoints: [{kind: sim}]
+              other:
+                endpoints: [{kind: sim}]
+            """,
+            "sends image requests to 'other', which takes text",
+        ),
     ],
 )
 def test_bad_routing_config_is_named(text: str, problem: str) -> None:

@@ -802,6 +802,13 @@ class Deployment(_Strict):
                     )
                 if rule.to == name:
                     raise ValueError(f"models.{name}.routes[{i}].to: a model cannot route to itself")
+                missing = set(rule.modalities or ()) - set(self.models[rule.to].modalities)
+                if missing:
+                    raise ValueError(
+                        f"models.{name}.routes[{i}]: sends {' and '.join(sorted(missing))} requests to "
+                        f"{rule.to!r}, which takes {', '.join(self.models[rule.to].modalities)} "
+                        f"(add them to models.{rule.to}.modalities)"
+                    )
         for name, model in self.models.items():
             fallback = model.retries.fallback
             if fallback is not None and fallback not in self.models:
