@@ -329,3 +329,16 @@ def test_a_cached_answer_is_replayed_as_a_message(tmp_path: Path) -> None:
         assert events[0] == "event: message_start" and events[-1] == "event: message_stop"
     finally:
         gw.stop()
+
+
+def test_count_tokens_counts_as_the_gateway_does(gateway: GatewayProcess) -> None:
+    client = _client(gateway.url)
+    counted = client.messages.count_tokens(
+        model="tiny", system="be brief", messages=[{"role": "user", "content": "Say something"}]
+    )
+    assert counted.input_tokens == 17  # the same count as the message's usage above
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    r = httpx.get(f"{gateway.url}/v1/messages/count_tokens", timeout=10)
+    assert r.status_code == 405 and r.json()["type"] == "error"

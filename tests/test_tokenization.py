@@ -288,6 +288,11 @@ def test_limits_count_with_the_model_tokenizer(local_gateway: str, reference: An
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == "prompt_too_long" and f"about {expected} tokens" in error["message"]
+    # Anthropic's count_tokens counts with the same tokenizer (and refuses nothing for length)
+    counted = httpx.post(
+        f"{local_gateway}/v1/messages/count_tokens", json={"model": "m", "messages": chinese}
+    )
+    assert counted.status_code == 200 and counted.json() == {"input_tokens": expected}
 
     english = [{"role": "user", "content": "say hello world"}]
     r = httpx.post(f"{local_gateway}/v1/chat/completions", json={"model": "m", "messages": english})

@@ -26,7 +26,7 @@ from shuniu.core.api.openai import StreamTally, decode_body, parse_body, tool_ca
 from shuniu.core.errors import GatewayError, bad_request
 from shuniu.core.types import Chunk, Completion, InferenceRequest, Usage
 
-__all__ = ["MessagesStream", "encode_message", "error_body", "parse_messages", "to_chat_body"]
+__all__ = ["MessagesStream", "encode_message", "error_body", "parse_count", "parse_messages", "to_chat_body"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -244,6 +244,17 @@ def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
 def parse_messages(raw: bytes, request_id: str, now: float) -> InferenceRequest:
     """A Messages request as a chat request in the ``anthropic`` wire format."""
     req = parse_body(to_chat_body(decode_body(raw)), "chat", request_id, now)
+    req.wire = "anthropic"
+    return req
+
+
+def parse_count(raw: bytes, request_id: str, now: float) -> InferenceRequest:
+    """A ``/v1/messages/count_tokens`` request: a Messages request without ``max_tokens``
+    (and without streaming), to count."""
+    body = decode_body(raw)
+    body.setdefault("max_tokens", 1)
+    body.pop("stream", None)
+    req = parse_body(to_chat_body(body), "chat", request_id, now)
     req.wire = "anthropic"
     return req
 

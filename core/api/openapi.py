@@ -182,6 +182,7 @@ def openapi_document() -> dict[str, Any]:
     schemas["MessagesRequest"] = _MESSAGES_REQUEST
     schemas["AnthropicError"] = _ANTHROPIC_ERROR
     schemas["ResponsesRequest"] = _RESPONSES_REQUEST
+    schemas["CountTokensRequest"] = {**_MESSAGES_REQUEST, "required": ["model", "messages"]}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -193,6 +194,9 @@ def openapi_document() -> dict[str, Any]:
             "/v1/chat/completions": _inference("Chat completions (OpenAI)", "ChatCompletionRequest"),
             "/v1/completions": _inference("Text completions (OpenAI)", "CompletionRequest"),
             "/v1/messages": _inference("Messages (Anthropic)", "MessagesRequest", "AnthropicError"),
+            "/v1/messages/count_tokens": _inference(
+                "Count a Messages request's input tokens (Anthropic)", "CountTokensRequest", "AnthropicError"
+            ),
             "/v1/responses": _inference("Responses (OpenAI), stateless", "ResponsesRequest"),
             "/v1/models": _get("The models this gateway serves, with their aliases"),
             "/health": _get("Liveness of the gateway process"),

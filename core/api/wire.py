@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from shuniu.core.api.anthropic import MessagesStream, encode_message, error_body, parse_messages
+from shuniu.core.api.anthropic import MessagesStream, encode_message, error_body, parse_count, parse_messages
 from shuniu.core.api.openai import StreamEncoder, encode_completion, parse_request
 from shuniu.core.api.responses import ResponsesStream, encode_response, parse_responses
 from shuniu.core.errors import GatewayError
 from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
 
-__all__ = ["ANTHROPIC", "OPENAI", "RESPONSES", "WIRES", "StreamWriter", "Wire", "wire_of"]
+__all__ = ["ANTHROPIC", "ANTHROPIC_COUNT", "OPENAI", "RESPONSES", "WIRES", "StreamWriter", "Wire", "wire_of"]
 
 
 class StreamWriter(Protocol):
@@ -77,6 +77,14 @@ ANTHROPIC = Wire(
     MessagesStream,
     error_body,
 )
+ANTHROPIC_COUNT = Wire(
+    "anthropic",
+    lambda raw, api, request_id, now: parse_count(raw, request_id, now),
+    encode_message,
+    MessagesStream,
+    error_body,
+)
+"""``/v1/messages/count_tokens``: Anthropic's format, a request without ``max_tokens``."""
 RESPONSES = Wire(
     "responses",
     lambda raw, api, request_id, now: parse_responses(raw, request_id, now),

@@ -18,7 +18,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from shuniu.core.api.openapi import openapi_document
-from shuniu.core.api.wire import ANTHROPIC, OPENAI, RESPONSES, Wire
+from shuniu.core.api.wire import ANTHROPIC, ANTHROPIC_COUNT, OPENAI, RESPONSES, Wire
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.hardware import HardwareReadings
@@ -95,6 +95,10 @@ def build_app(
     @asgi("/v1/messages", copy_scope=False)
     async def messages(scope: Scope, receive: Receive, send: Send) -> None:
         await path.handle("chat", ANTHROPIC, scope, receive, send)
+
+    @asgi("/v1/messages/count_tokens", copy_scope=False)
+    async def messages_count(scope: Scope, receive: Receive, send: Send) -> None:
+        await path.count(ANTHROPIC_COUNT, scope, receive, send)
 
     @asgi("/v1/responses", copy_scope=False)
     async def responses(scope: Scope, receive: Receive, send: Send) -> None:
@@ -182,6 +186,7 @@ def build_app(
             chat_completions,
             completions,
             messages,
+            messages_count,
             responses,
             models,
             health,

@@ -52,6 +52,13 @@ def check_tier(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> Tier | No
     return tier
 
 
+def check_model_access(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> None:
+    """404 when the caller's tier or credential may not use the request's model (for routes
+    that only read about a model, such as counting tokens)."""
+    if tenancy.checks_tier:
+        tenancy.check_models(req, tenancy.tier_of(req.principal), pool.name)
+
+
 def acquire(
     tenancy: Tenancy, req: InferenceRequest, tier: Tier | None, trace: RequestTrace | None
 ) -> Awaitable[Admission | None]:

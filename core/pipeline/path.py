@@ -27,7 +27,7 @@ import time
 
 from shuniu.core.api.wire import Wire, wire_of
 from shuniu.core.errors import GatewayError, method_not_allowed
-from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
+from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error, send_json
 from shuniu.core.observability.tracing import Tracing, traced
 from shuniu.core.pipeline import cache_step, identity, routing
 from shuniu.core.pipeline.attempts import Attempts
@@ -109,6 +109,34 @@ class RequestPath:
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
             return
         await self._serve(req, pool, tier, degraded, receive, send, loop, Progress(pool.name, trace))
+
+    async def count(self, wire: Wire, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/messages/count_tokens``: the prompt's length as its model counts it (its
+        tokenizer, else the estimate), after the credential, body and model-access checks of
+        an inference request; nothing reaches an engine and no rate limit is taken."""
+        request_id = new_request_id(scope)
+        if scope["method"] != "POST":
+            err = method_not_allowed(scope["method"], scope["path"])
+            await send_error(send, err, request_id, render=wire.error)
+            return
+        state = self.state
+        headers = scope["headers"]
+        try:
+            if headers:
+                self.intake.check_headers(headers)
+            principal = identity.authenticate(state.tenancy, headers, None)
+            now = asyncio.get_running_loop().time()
+            req = await self.intake.read("chat", wire, scope, receive, request_id, now)
+            if principal is not None:
+                req.principal = principal
+            pool = routing.lookup(state.routes, req)
+            identity.check_model_access(state.tenancy, req, pool)
+            if pool.counter is not None:
+                await recount(req, pool.counter)
+        except GatewayError as err:
+            await send_error(send, err, request_id, render=wire.error)
+            return
+        await send_json(send, 200, b'{"input_tokens":%d}' % req.prompt_tokens, request_id)
 
     async def _serve(
         self,

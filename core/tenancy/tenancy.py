@@ -172,15 +172,20 @@ class Tenancy:
             )
         return tier
 
-    def check(self, req: InferenceRequest, tier: Tier, root: str) -> None:
-        """Models, ``max_tokens`` and prompt length against the tier and the credential.
-        ``root`` is the model's own name (``req.model`` may be an alias)."""
+    def check_models(self, req: InferenceRequest, tier: Tier, root: str) -> None:
+        """404 when the tier or the credential may not use the request's model. ``root`` is
+        the model's own name (``req.model`` may be an alias)."""
         allowed = tier.models
         if allowed is not None and req.model not in allowed and root not in allowed:
             raise model_not_found(req.model)
         own = req.principal.models
         if own is not None and req.model not in own and root not in own:
             raise model_not_found(req.model)
+
+    def check(self, req: InferenceRequest, tier: Tier, root: str) -> None:
+        """Models, ``max_tokens`` and prompt length against the tier and the credential.
+        ``root`` is the model's own name (``req.model`` may be an alias)."""
+        self.check_models(req, tier, root)
         if req.max_tokens is None:
             if tier.max_tokens_default is not None:
                 req.max_tokens = tier.max_tokens_default
