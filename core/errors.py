@@ -123,6 +123,39 @@ def context_too_long(max_model_len: int, prompt: int, completion: int) -> Gatewa
     )
 
 
+def input_too_long(max_model_len: int, index: int, tokens: int, param: str) -> GatewayError:
+    """An embeddings input (or a rerank pair) longer than the pooling model's context."""
+    return GatewayError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, {param}[{index}] "
+        f"has about {tokens} tokens. Please shorten it, or ask the engine to truncate.",
+        param=f"{param}[{index}]",
+        code="context_length_exceeded",
+    )
+
+
+_ROUTES = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "rerank": "/v1/rerank",
+    "score": "/v1/score",
+}
+
+
+def api_not_served(model: str, pool: str, api: str, serves: list[str], others: list[str]) -> GatewayError:
+    """A request for an API (embeddings, chat, rerank) the model does not serve."""
+    served = f"`{model}`" if model == pool else f"`{model}` (served by `{pool}`)"
+    where = f"; models that do: {', '.join(others)}" if others else "; no model of this gateway does"
+    return GatewayError(
+        400,
+        f"Model {served} does not serve {api} ({_ROUTES.get(api, api)}); it serves "
+        f"{', '.join(serves)}{where}.",
+        param="model",
+        code="model_not_supported",
+    )
+
+
 def no_healthy_endpoint(model: str) -> GatewayError:
     return GatewayError(
         503,

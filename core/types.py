@@ -11,20 +11,27 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "POOLING_APIS",
     "Api",
     "Chunk",
     "Completion",
+    "Embeddings",
     "EndpointLoad",
     "Health",
     "InferenceRequest",
     "Limits",
     "Outcome",
+    "PoolingJob",
     "Principal",
     "RequestRecord",
+    "Scores",
     "Usage",
 ]
 
-Api = Literal["chat", "completions"]
+Api = Literal["chat", "completions", "embeddings", "rerank", "score"]
+
+POOLING_APIS: frozenset[str] = frozenset({"embeddings", "rerank", "score"})
+"""The APIs answered by a pooling model in one piece (vectors, scores), never streamed."""
 
 
 class Usage(msgspec.Struct):
@@ -79,6 +86,54 @@ class Principal(msgspec.Struct, frozen=True, omit_defaults=True):
 ANONYMOUS = Principal()
 
 
+class PoolingJob(msgspec.Struct, kw_only=True):
+    """What an embeddings, rerank or score request asks of an engine, checked and counted.
+
+    A long list is split into parts (each a request of its own, with a slice of this job and
+    of ``body``) that run on several endpoints and are put back together in order.
+    """
+
+    texts: list[str] | None = None
+    """Embeddings: the inputs as text (``None`` when they came as token ids). Rerank and
+    score: the documents."""
+    ids: list[list[int]] | None = None
+    """Embeddings: the inputs as token ids."""
+    tokens: list[int] = msgspec.field(default_factory=list)
+    """Each input's length in tokens (exact for token ids, else the estimate); for rerank
+    and score, each document's with its query's."""
+    queries: list[str] = msgspec.field(default_factory=list)
+    """Rerank and score: the query of every document, one for all or one each (score's
+    ``text_1`` paired with ``text_2``)."""
+    encoding_format: str = "float"
+    """Embeddings: ``float`` or ``base64`` (little-endian float32), as the client asked."""
+    dimensions: int | None = None
+    """Embeddings: the vector size asked for (``None``: the model's)."""
+    offset: int = 0
+    """The index of this job's first input in the client's request (a part of a split
+    request)."""
+
+    @property
+    def size(self) -> int:
+        """How many inputs (documents) the job holds."""
+        return len(self.tokens)
+
+
+class Embeddings(msgspec.Struct):
+    """A pooling engine's vectors, one per input, in input order."""
+
+    vectors: list[Any]
+    """Each an array of floats (``list[float]``, or the engine's JSON kept as
+    ``msgspec.Raw``) or, for ``encoding_format: base64``, a base64 string."""
+    prompt_tokens: int
+
+
+class Scores(msgspec.Struct):
+    """Relevance scores of a rerank or score job, one per document, in document order."""
+
+    scores: list[float]
+    prompt_tokens: int
+
+
 class InferenceRequest(msgspec.Struct, kw_only=True):
     """One validated client request, as it travels through the pipeline.
 
@@ -90,7 +145,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     id: str
     """The request id (``x-request-id``), also the base of the response id."""
     api: Api
-    """``chat`` for /v1/chat/completions, ``completions`` for /v1/completions."""
+    """``chat`` for /v1/chat/completions (and the Messages and Responses APIs),
+    ``completions`` for /v1/completions, ``embeddings``, ``rerank`` and ``score`` for the
+    pooling APIs (:data:`POOLING_APIS`)."""
     model: str
     """The model name as the client asked for it (a name or an alias)."""
     body: dict[str, Any]
@@ -146,6 +203,8 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     wire_state: Any = None
     """What the wire format keeps from the request for its answer (the Responses API echoes
     parameters the chat body does not carry)."""
+    pooling: PoolingJob | None = None
+    """The inputs of an embeddings, rerank or score request (``None`` for generation)."""
     trace_headers: dict[str, str] | None = None
     """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
     gateway's upstream span when tracing is on, else the client's own, passed through."""

@@ -49,6 +49,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.health", config.HealthConfig),
     ("models.<name>.load", config.LoadConfig),
     ("models.<name>.routes[]", config.RouteRule),
+    ("models.<name>.pooling", config.PoolingConfig),
     ("models.<name>.timeouts", config.TimeoutsConfig),
     ("models.<name>.retries", config.RetryConfig),
     ("models.<name>.outlier", config.OutlierConfig),

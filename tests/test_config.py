@@ -32,7 +32,7 @@ def _problems(plugins: PluginManager, text: str, env: dict[str, str] | None = No
 def test_quickstart_is_the_example(plugins: PluginManager) -> None:
     assert (ROOT / "examples" / "quickstart.yaml").read_text() == quickstart_text()
     resolved = load_deployment(None, plugins)
-    assert list(resolved.deployment.models) == ["quickstart"]
+    assert list(resolved.deployment.models) == ["quickstart", "embed", "rerank"]
     names = [
         n for _, _, n in expand_endpoints("quickstart", resolved.deployment.models["quickstart"].endpoints)
     ]
@@ -77,7 +77,7 @@ def test_every_problem_with_path_and_line(plugins: PluginManager) -> None:
     assert by_path["models.chat.endpoints[1].replicas"].line == 9
     kind = by_path["models.chat.endpoints[0].kind"]
     assert kind.line == 7
-    assert "registered: ascend, openai, sim, tgi, trtllm, vllm" in kind.message
+    assert "registered: ascend, openai, sim, tei, tgi, trtllm, vllm" in kind.message
     assert "registered: least_load, least_requests, " in by_path["models.chat.balancer.policy"].message
     assert by_path["models.chat.balancer.policy"].line == 14
     assert by_path["models.chat.endpoints[1].options.tokens_per_s"].line == 11
@@ -188,7 +188,7 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
 def test_validate_cli(tmp_path: Path) -> None:
     good = _cli("validate", str(ROOT / "examples" / "quickstart.yaml"))
     assert good.returncode == 0, good.stderr
-    assert "OK (1 model(s), 2 endpoint(s))" in good.stdout
+    assert "OK (3 model(s), 5 endpoint(s))" in good.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  m:\n    endpoints:\n      - kind: nope\n        weight: -1\n")
     out = _cli("validate", str(bad))
@@ -204,7 +204,15 @@ def test_schema_cli_includes_plugin_options(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     schema = json.loads(out.stdout)
     endpoint = schema["$defs"]["EndpointConfig"]
-    assert endpoint["properties"]["kind"]["enum"] == ["ascend", "openai", "sim", "tgi", "trtllm", "vllm"]
+    assert endpoint["properties"]["kind"]["enum"] == [
+        "ascend",
+        "openai",
+        "sim",
+        "tei",
+        "tgi",
+        "trtllm",
+        "vllm",
+    ]
     conditions = {c["if"]["properties"]["kind"]["const"]: c["then"] for c in endpoint["allOf"]}
     sim_opts = conditions["sim"]["properties"]["options"]
     assert "tokens_per_s" in sim_opts["properties"]

@@ -62,7 +62,9 @@ def _config_models() -> list[type[BaseModel]]:
     return [
         obj
         for obj in vars(config).values()
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == config.__name__
+        if isinstance(obj, type)
+        and issubclass(obj, BaseModel)
+        and obj.__module__ in (config.__name__, "shuniu.core.config.endpoints")
     ]
 
 

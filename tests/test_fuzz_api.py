@@ -38,6 +38,11 @@ models:
       - kind: sim
         replicas: 2
         options: {ttft_ms: 0, tokens_per_s: 0, output_tokens_min: 1, output_tokens_max: 8}
+  vec:
+    serves: [embeddings, rerank]
+    max_model_len: 4096
+    endpoints:
+      - {kind: sim, options: {ttft_ms: 0, embedding_dim: 8}}
 """
 RAN: dict[str, int] = {}
 ROUTES_WITHOUT_JSON_ERRORS = frozenset({"/metrics"})

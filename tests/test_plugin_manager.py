@@ -50,6 +50,7 @@ BUILTINS = {
     "openai",
     "vllm",
     "tgi",
+    "tei",
     "trtllm",
     "ascend",
     "fifo",
@@ -235,7 +236,7 @@ def test_disabled_backend_is_an_unknown_kind(monkeypatch: pytest.MonkeyPatch) ->
         load_deployment(None, load_plugins(), text=textwrap.dedent(text))
     [problem] = info.value.problems
     assert problem.path == "models.m.endpoints[0].kind"
-    assert problem.message == "unknown backend 'openai'; registered: ascend, sim, tgi, trtllm, vllm"
+    assert problem.message == "unknown backend 'openai'; registered: ascend, sim, tei, tgi, trtllm, vllm"
 
 
 # -- broken plugins -------------------------------------------------------------------------
@@ -402,7 +403,7 @@ def test_unknown_names_list_what_is_registered(fake_site: Path) -> None:
         "unknown scheduler 'edf'; registered: fifo, priority" + failed_note
     )
     assert problems["models.chat.endpoints[1].kind"].message == (
-        "unknown backend 'vllm-turbo'; registered: ascend, openai, sim, tgi, trtllm, vllm" + failed_note
+        "unknown backend 'vllm-turbo'; registered: ascend, openai, sim, tei, tgi, trtllm, vllm" + failed_note
     )
     # With line numbers, for `shuniu validate`.
     assert problems["models.chat.balancer.policy"].line == 4

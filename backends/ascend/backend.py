@@ -44,7 +44,7 @@ from shuniu.backends.http import (
     stream_broken,
 )
 from shuniu.backends.vllm import VllmBackend
-from shuniu.core.contracts import DeviceReading, EndpointSpec, ProbeReport
+from shuniu.core.contracts import GENERATION, DeviceReading, EndpointSpec, ProbeReport
 from shuniu.core.errors import GatewayError, upstream_error
 from shuniu.core.types import Chunk, EndpointLoad, InferenceRequest
 
@@ -137,6 +137,7 @@ class MindieBackend(_NpuDevices, VllmBackend):
     """``engine: mindie``: MindIE Service's OpenAI API, health probes and metrics."""
 
     kind: ClassVar[str] = "ascend"
+    serves: frozenset[str] = GENERATION  # MindIE Service has no embeddings or rerank API
 
     def __init__(self, spec: EndpointSpec) -> None:
         opts, resolved = _resolved(spec)

@@ -1,5 +1,6 @@
-"""The OpenAI-protocol engine client every OpenAI-compatible backend builds on: chat and
-completions over one pooled keep-alive session, the client's body forwarded as sent (with
+"""The OpenAI-protocol engine client every OpenAI-compatible backend builds on: chat,
+completions, embeddings and rerank (``/embeddings``, and ``/rerank`` and ``/score`` as vLLM
+serves them) over one pooled keep-alive session, the client's body forwarded as sent (with
 ``model`` rewritten, so fields shuniu does not know reach engines that do), usage always
 asked for, the engine's errors mapped, SSE events of any size.
 
@@ -32,7 +33,7 @@ from shuniu.backends.http.session import end_stream, open_session, post_json
 from shuniu.backends.http.sse import SseLines, data_payload
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
-from shuniu.core.types import Chunk, Completion, Health, InferenceRequest, Usage
+from shuniu.core.types import Chunk, Completion, Embeddings, Health, InferenceRequest, Scores, Usage
 
 __all__ = ["OpenAIEngine", "delta_extras"]
 
@@ -72,6 +73,61 @@ class _Body(msgspec.Struct):
 
 
 _decode_body = msgspec.json.Decoder(_Body).decode
+
+
+class _FloatVector(msgspec.Struct):
+    index: int
+    embedding: msgspec.Raw
+    """Kept as the engine's JSON: written to the client as it came."""
+
+
+class _Base64Vector(msgspec.Struct):
+    index: int
+    embedding: str
+
+
+class _Vectors(msgspec.Struct):
+    data: list[_FloatVector]
+    usage: _EngineUsage | None = None
+
+
+class _Base64Vectors(msgspec.Struct):
+    data: list[_Base64Vector]
+    usage: _EngineUsage | None = None
+
+
+class _Ranked(msgspec.Struct):
+    index: int
+    relevance_score: float
+
+
+class _RankUsage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class _Ranking(msgspec.Struct):
+    results: list[_Ranked]
+    usage: _RankUsage | None = None
+
+
+class _Scored(msgspec.Struct):
+    index: int
+    score: float
+
+
+class _ScoreList(msgspec.Struct):
+    data: list[_Scored]
+    usage: _RankUsage | None = None
+
+
+_DECODERS: dict[str, Any] = {
+    "float": msgspec.json.Decoder(_Vectors).decode,
+    "base64": msgspec.json.Decoder(_Base64Vectors).decode,
+    "rerank": msgspec.json.Decoder(_Ranking).decode,
+    "score": msgspec.json.Decoder(_ScoreList).decode,
+}
+_RANK_FIELDS = frozenset({"query", "documents", "top_n", "return_documents", "text_1", "text_2"})
 _DROP = frozenset({"role", "content"})
 _DONE = b"[DONE]"
 
@@ -89,6 +145,7 @@ class OpenAIEngine(BackendBase):
     """An OpenAI-compatible server (subclasses set ``kind``)."""
 
     kind: ClassVar[str] = "openai"
+    serves: frozenset[str] = frozenset({"chat", "completions", "embeddings", "rerank"})
     discovery: ClassVar[str | None] = None
     """What :meth:`discover` reads from the engine at start-up, for problem messages (e.g.
     ``"GET /v1/models"``); ``None``: the backend has no discovery step. Subclasses that set
@@ -105,7 +162,13 @@ class OpenAIEngine(BackendBase):
         if spec.options.api_key:
             self._headers["authorization"] = f"Bearer {spec.options.api_key}"
         base = spec.options.base_url
-        self._urls = {"chat": f"{base}/chat/completions", "completions": f"{base}/completions"}
+        self._urls = {
+            "chat": f"{base}/chat/completions",
+            "completions": f"{base}/completions",
+            "embeddings": f"{base}/embeddings",
+            "rerank": f"{base}/rerank",
+            "score": f"{base}/score",
+        }
         path = spec.options.tokenize_path
         self._tokenize_url = server_root(base) + path if path is not None else None
         self.tokenizes = path is not None
@@ -281,6 +344,67 @@ class OpenAIEngine(BackendBase):
             body.usage.usage() if body.usage is not None else Usage(req.prompt_tokens, 0, req.prompt_tokens)
         )
         return Completion(text, choice.finish_reason, usage, extra)
+
+    async def _pooled(self, req: InferenceRequest, route: str, payload: dict[str, Any], decoder: str) -> Any:
+        """POST a pooling request and decode the answer (502 when it is not what was asked)."""
+        if self._upstream_model is not None:
+            payload["model"] = self._upstream_model
+        resp = await post_or_raise(
+            self._session,
+            self._urls[route],
+            _encode(payload),
+            self._request_headers(req),
+            self.name,
+            self._error,
+        )
+        raw = await read_whole(resp, self.name)
+        try:
+            return _DECODERS[decoder](raw)
+        except msgspec.DecodeError:
+            raise protocol_error(
+                f"The engine endpoint {self.name} sent a malformed {route} response."
+            ) from None
+
+    async def embed(self, req: InferenceRequest) -> Embeddings:
+        """``POST /embeddings`` with the client's body (its inputs, ``dimensions``,
+        ``encoding_format`` and the engine's own fields, such as vLLM's
+        ``truncate_prompt_tokens``)."""
+        job = req.pooling
+        assert job is not None
+        body = await self._pooled(req, "embeddings", dict(req.body), job.encoding_format)
+        items = sorted(body.data, key=lambda item: item.index)
+        tokens = body.usage.prompt_tokens if body.usage is not None else sum(job.tokens)
+        return Embeddings([item.embedding for item in items], tokens)
+
+    async def score(self, req: InferenceRequest) -> Scores:
+        """``POST /rerank`` with one query (every document scored: ``top_n`` is the number
+        of documents), or vLLM's ``POST /score`` for pairs of queries and documents."""
+        job = req.pooling
+        assert job is not None and job.texts is not None
+        payload = {k: v for k, v in req.body.items() if k not in _RANK_FIELDS}
+        scores = [0.0] * len(job.texts)
+        if len(job.queries) == 1:
+            payload.update(query=job.queries[0], documents=job.texts, top_n=len(job.texts))
+            ranking = await self._pooled(req, "rerank", payload, "rerank")
+            for item in ranking.results:
+                if 0 <= item.index < len(scores):
+                    scores[item.index] = item.relevance_score
+            usage = ranking.usage
+            count = len(ranking.results)
+        else:
+            payload.update(text_1=job.queries, text_2=job.texts)
+            listed = await self._pooled(req, "score", payload, "score")
+            for scored in listed.data:
+                if 0 <= scored.index < len(scores):
+                    scores[scored.index] = scored.score
+            usage = listed.usage
+            count = len(listed.data)
+        if count != len(scores):
+            raise upstream_error(
+                f"The engine endpoint {self.name} scored {count} of {len(scores)} documents."
+            )
+        tokens = None if usage is None else usage.prompt_tokens or usage.total_tokens
+        return Scores(scores, tokens if tokens is not None else sum(job.tokens))
 
     def _event_chunk(self, payload: bytes, chat: bool) -> Chunk | None:
         """One SSE event's JSON (an OpenAI chunk) as a :class:`Chunk`; ``None`` for an event

@@ -16,11 +16,12 @@ from shuniu.backends.sim.build import build_engine
 from shuniu.backends.sim.engine import FINISHED, Seq
 from shuniu.backends.sim.faults import FaultState
 from shuniu.backends.sim.options import SimOptions
+from shuniu.backends.sim.pooling import embed_text, relevance, truncate
 from shuniu.backends.sim.text import VOCABULARY, rng_for
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import bad_request, upstream_error
 from shuniu.core.tokens import split_tokens
-from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Usage
+from shuniu.core.types import Chunk, Embeddings, EndpointLoad, Health, InferenceRequest, Scores, Usage
 
 __all__ = ["SimBackend", "plan_output"]
 
@@ -56,6 +57,7 @@ def _seed(prompt: str, seed: int | None) -> int:
 
 class SimBackend(BackendBase):
     kind: ClassVar[str] = "sim"
+    serves: frozenset[str] = frozenset({"chat", "completions", "embeddings", "rerank"})
 
     def __init__(self, spec: EndpointSpec) -> None:
         self.options = spec.options if isinstance(spec.options, SimOptions) else SimOptions()
@@ -97,6 +99,71 @@ class SimBackend(BackendBase):
             if faults.crashed:
                 return Health(False, "simulated crash")
         return Health(True, f"simulated ({self.description})")
+
+    async def _prefill(self, req: InferenceRequest, texts: list[str]) -> None:
+        """Run each input through the engine as a prompt that stops after its prefill (what
+        a pooling model computes), so pooling requests take the time, batch slots and load
+        they would on the engine, and share its prefix cache."""
+        if self.faults is not None:
+            await self.faults.before_request()
+        job = req.pooling
+        assert job is not None
+        loop = asyncio.get_running_loop()
+        seqs = []
+        for i, (text, count) in enumerate(zip(texts, job.tokens, strict=True)):
+            ids = [hash(t) & 0x7FFFFFFF for t in split_tokens(text)][:count]
+            ids.extend(hash(("shuniu-marker", k)) & 0x7FFFFFFF for k in range(len(ids), max(count, 1)))
+            seq = Seq(f"{req.id}-{i}", ids, 1, priority=req.priority, arrival=loop.time())
+            seq.done = loop.create_future()
+            try:
+                self.engine.submit(seq)
+            except ValueError as exc:
+                for started in seqs:
+                    self.engine.abort(started)
+                raise bad_request(str(exc), "input", "context_length_exceeded") from None
+            seqs.append(seq)
+        try:
+            await asyncio.gather(*(s.done for s in seqs))
+        finally:
+            for seq in seqs:
+                if seq.status != FINISHED:
+                    self.engine.abort(seq)  # the client went away
+        if self.faults is not None and self.faults.crashed:
+            raise self.faults.down()
+
+    async def embed(self, req: InferenceRequest) -> Embeddings:
+        job = req.pooling
+        assert job is not None
+        texts = (
+            job.texts if job.texts is not None else [" ".join(f"t{t}" for t in ids) for ids in job.ids or ()]
+        )
+        dim = self.options.embedding_dim
+        if job.dimensions is not None and job.dimensions > dim:
+            raise bad_request(
+                f"dimensions is {job.dimensions}, but this model's vectors have {dim}.",
+                "dimensions",
+                "invalid_value",
+            )
+        await self._prefill(req, texts)
+        vectors = [embed_text(t, dim) for t in texts]
+        if job.dimensions is not None and job.dimensions < dim:
+            vectors = [truncate(v, job.dimensions) for v in vectors]
+        return Embeddings(vectors, sum(job.tokens))
+
+    async def score(self, req: InferenceRequest) -> Scores:
+        job = req.pooling
+        assert job is not None and job.texts is not None
+        queries = job.queries if len(job.queries) > 1 else job.queries * len(job.texts)
+        await self._prefill(req, [q + " " + d for q, d in zip(queries, job.texts, strict=True)])
+        dim = self.options.embedding_dim
+        memo: dict[str, list[float]] = {}
+        scores = []
+        for q, d in zip(queries, job.texts, strict=True):
+            qv = memo.get(q)
+            if qv is None:
+                qv = memo[q] = embed_text(q, dim)
+            scores.append(relevance(qv, embed_text(d, dim)))
+        return Scores(scores, sum(job.tokens))
 
     async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
         if self.faults is not None:

@@ -56,6 +56,9 @@ class SimOptions(Options):
     """Shortest natural answer (when ``max_tokens`` does not stop it first)."""
     output_tokens_max: int = Field(256, ge=1)
     """Longest natural answer."""
+    embedding_dim: int = Field(384, ge=1, le=16384)
+    """Size of the vectors the simulated engine returns for embeddings (``dimensions`` may
+    ask for fewer, as of a Matryoshka model)."""
     faults: FaultOptions | None = None
     """Injected faults (errors, latency spikes, crashes, hangs), for resilience testing."""
 

@@ -44,7 +44,7 @@ from shuniu.backends.http import (
 from shuniu.backends.tgi import protocol
 from shuniu.backends.tgi.metrics import parse_tgi_metrics
 from shuniu.backends.tgi.options import TgiOptions
-from shuniu.core.contracts import EndpointSpec
+from shuniu.core.contracts import GENERATION, EndpointSpec
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
 
@@ -112,6 +112,7 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
 
 
 class TgiBackend(OpenAIEngine):
+    serves: frozenset[str] = GENERATION
     kind: ClassVar[str] = "tgi"
     discovery: ClassVar[str | None] = "GET /info"
 

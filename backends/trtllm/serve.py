@@ -35,7 +35,7 @@ from shuniu.backends.http import (
 )
 from shuniu.backends.trtllm.metrics import MetricsError, StatsView, parse_trtllm_prometheus
 from shuniu.backends.trtllm.options import TrtllmOptions
-from shuniu.core.contracts import EndpointSpec
+from shuniu.core.contracts import GENERATION, EndpointSpec
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest
 
 __all__ = ["TrtllmServeBackend", "engine_priority"]
@@ -53,6 +53,7 @@ def engine_priority(priority: int) -> float:
 
 
 class TrtllmServeBackend(OpenAIEngine):
+    serves: frozenset[str] = GENERATION
     kind: ClassVar[str] = "trtllm"
     discovery: ClassVar[str | None] = "GET /v1/models"
 

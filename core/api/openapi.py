@@ -128,13 +128,72 @@ _RESPONSES_REQUEST = {
 """OpenAI's Responses request, the stateless part :mod:`shuniu.core.api.responses` serves."""
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
+_TEXTS = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 2048}
+_EMBEDDINGS_REQUEST = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                _TEXTS,
+                _TOKEN_IDS,
+                {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 2048},
+            ]
+        },
+        "encoding_format": {"enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "user": {"type": "string"},
+    },
+}
+"""OpenAI's embeddings request (:mod:`shuniu.core.api.pooling`)."""
+_DOCUMENTS = {
+    "type": "array",
+    "items": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        ]
+    },
+    "minItems": 1,
+    "maxItems": 2048,
+}
+_RERANK_REQUEST = {
+    "type": "object",
+    "required": ["model", "query", "documents"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "query": {"type": "string", "minLength": 1},
+        "documents": _DOCUMENTS,
+        "top_n": {"type": "integer", "minimum": 0},
+        "return_documents": {"type": "boolean"},
+    },
+}
+"""The rerank request vLLM, TEI (through shuniu), Jina and Cohere share."""
+_SCORE_REQUEST = {
+    "type": "object",
+    "required": ["model", "text_1", "text_2"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "text_1": {"anyOf": [{"type": "string"}, _DOCUMENTS]},
+        "text_2": {"anyOf": [{"type": "string"}, _DOCUMENTS]},
+    },
+}
+"""vLLM's score request."""
+
+
 def _errors(*statuses: int, schema: str = "Error") -> dict[str, Any]:
     ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
     what = "An Anthropic-style error." if schema == "AnthropicError" else "An OpenAI-style error."
     return {str(s): {"description": what, **ref} for s in statuses}
 
 
-def _inference(summary: str, schema: str, error: str = "Error") -> dict[str, Any]:
+def _inference(summary: str, schema: str, error: str = "Error", *, streams: bool = True) -> dict[str, Any]:
+    answer: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        answer["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "post": {
             "summary": summary,
@@ -144,11 +203,10 @@ def _inference(summary: str, schema: str, error: str = "Error") -> dict[str, Any
             },
             "responses": {
                 "200": {
-                    "description": "The answer: JSON, or Server-Sent Events when `stream` is true.",
-                    "content": {
-                        "application/json": {"schema": {"type": "object"}},
-                        "text/event-stream": {"schema": {"type": "string"}},
-                    },
+                    "description": "The answer: JSON, or Server-Sent Events when `stream` is true."
+                    if streams
+                    else "The answer (JSON).",
+                    "content": answer,
                 },
                 **_errors(400, 401, 403, 404, 413, 429, 431, 502, 503, 504, schema=error),
             },
@@ -183,6 +241,9 @@ def openapi_document() -> dict[str, Any]:
     schemas["AnthropicError"] = _ANTHROPIC_ERROR
     schemas["ResponsesRequest"] = _RESPONSES_REQUEST
     schemas["CountTokensRequest"] = {**_MESSAGES_REQUEST, "required": ["model", "messages"]}
+    schemas["EmbeddingsRequest"] = _EMBEDDINGS_REQUEST
+    schemas["RerankRequest"] = _RERANK_REQUEST
+    schemas["ScoreRequest"] = _SCORE_REQUEST
     return {
         "openapi": "3.1.0",
         "info": {
@@ -198,6 +259,10 @@ def openapi_document() -> dict[str, Any]:
                 "Count a Messages request's input tokens (Anthropic)", "CountTokensRequest", "AnthropicError"
             ),
             "/v1/responses": _inference("Responses (OpenAI), stateless", "ResponsesRequest"),
+            "/v1/embeddings": _inference("Embeddings (OpenAI)", "EmbeddingsRequest", streams=False),
+            "/v1/rerank": _inference("Rerank documents against a query", "RerankRequest", streams=False),
+            "/v2/rerank": _inference("Rerank (Cohere's path)", "RerankRequest", streams=False),
+            "/v1/score": _inference("Score text pairs (vLLM)", "ScoreRequest", streams=False),
             "/v1/models": _get("The models this gateway serves, with their aliases"),
             "/health": _get("Liveness of the gateway process"),
             "/ready": _get(

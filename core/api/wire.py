@@ -7,7 +7,9 @@ and error replies write in it:
 
 - ``openai`` (:mod:`.openai`): ``/v1/chat/completions`` and ``/v1/completions``;
 - ``anthropic`` (:mod:`.anthropic`): Anthropic's Messages API, ``/v1/messages``;
-- ``responses`` (:mod:`.responses`): OpenAI's Responses API, ``/v1/responses`` (stateless).
+- ``responses`` (:mod:`.responses`): OpenAI's Responses API, ``/v1/responses`` (stateless);
+- ``embeddings``, ``rerank``, ``score`` (:mod:`.pooling`): the pooling APIs, answered in one
+  piece (never streamed) from an engine's vectors or scores.
 """
 
 from __future__ import annotations
@@ -15,15 +17,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 from shuniu.core.api.anthropic import MessagesStream, encode_message, error_body, parse_count, parse_messages
 from shuniu.core.api.openai import StreamEncoder, encode_completion, parse_request
+from shuniu.core.api.pooling import (
+    encode_embeddings,
+    encode_rerank,
+    encode_score,
+    parse_embeddings,
+    parse_rerank,
+    parse_score,
+)
 from shuniu.core.api.responses import ResponsesStream, encode_response, parse_responses
 from shuniu.core.errors import GatewayError
-from shuniu.core.types import Api, Chunk, Completion, InferenceRequest, Usage
+from shuniu.core.types import Api, Chunk, InferenceRequest, Usage
 
-__all__ = ["ANTHROPIC", "ANTHROPIC_COUNT", "OPENAI", "RESPONSES", "WIRES", "StreamWriter", "Wire", "wire_of"]
+__all__ = [
+    "ANTHROPIC",
+    "ANTHROPIC_COUNT",
+    "EMBEDDINGS",
+    "OPENAI",
+    "RERANK",
+    "RESPONSES",
+    "SCORE",
+    "WIRES",
+    "StreamWriter",
+    "Wire",
+    "wire_of",
+]
 
 
 class StreamWriter(Protocol):
@@ -61,8 +83,9 @@ class Wire:
     """Its name, the value of ``InferenceRequest.wire``."""
     parse: Callable[[bytes, Api, str, float], InferenceRequest]
     """``(raw, api, request_id, now)`` → the request; a 400 :class:`GatewayError` when bad."""
-    completion: Callable[[InferenceRequest, Completion], bytes]
-    """A whole answer's JSON body."""
+    completion: Callable[[InferenceRequest, Any], bytes]
+    """A whole answer's JSON body (from a :class:`~shuniu.core.types.Completion`; for the pooling APIs, from
+    :class:`~shuniu.core.types.Embeddings` or :class:`~shuniu.core.types.Scores`)."""
     stream: Callable[[InferenceRequest], StreamWriter]
     """A writer for a streamed answer."""
     error: Callable[[GatewayError], bytes]
@@ -92,7 +115,36 @@ RESPONSES = Wire(
     ResponsesStream,
     GatewayError.body,
 )
-WIRES: MappingProxyType[str, Wire] = MappingProxyType({w.name: w for w in (OPENAI, ANTHROPIC, RESPONSES)})
+
+
+def _not_streamed(req: InferenceRequest) -> StreamWriter:
+    raise TypeError(f"the {req.api} API is never streamed")  # parsing refuses stream: true
+
+
+EMBEDDINGS = Wire(
+    "embeddings",
+    lambda raw, api, request_id, now: parse_embeddings(raw, request_id, now),
+    encode_embeddings,
+    _not_streamed,
+    GatewayError.body,
+)
+RERANK = Wire(
+    "rerank",
+    lambda raw, api, request_id, now: parse_rerank(raw, request_id, now),
+    encode_rerank,
+    _not_streamed,
+    GatewayError.body,
+)
+SCORE = Wire(
+    "score",
+    lambda raw, api, request_id, now: parse_score(raw, request_id, now),
+    encode_score,
+    _not_streamed,
+    GatewayError.body,
+)
+WIRES: MappingProxyType[str, Wire] = MappingProxyType(
+    {w.name: w for w in (OPENAI, ANTHROPIC, RESPONSES, EMBEDDINGS, RERANK, SCORE)}
+)
 """Every wire format by name (built in; fixed at import)."""
 
 

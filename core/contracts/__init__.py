@@ -25,7 +25,7 @@ it runs. Optional members have defaults on the contract; subclass it to inherit 
 from __future__ import annotations
 
 from shuniu.core.contracts.auth import Authenticator, AuthenticatorOptions
-from shuniu.core.contracts.backend import Backend, BackendBase, EndpointSpec
+from shuniu.core.contracts.backend import GENERATION, Backend, BackendBase, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
 from shuniu.core.contracts.classifier import Classifier
@@ -61,6 +61,7 @@ from shuniu.core.contracts.scheduler import Scheduler
 from shuniu.core.contracts.views import EndpointView, PoolView, Ticket
 
 __all__ = [
+    "GENERATION",
     "Authenticator",
     "AuthenticatorFactory",
     "AuthenticatorOptions",

@@ -17,7 +17,17 @@ from typing import Any, ClassVar, Protocol
 
 from shuniu.core.contracts.conformance import optional
 from shuniu.core.contracts.hardware import DeviceReading
-from shuniu.core.types import Chunk, Completion, EndpointLoad, Health, InferenceRequest, Usage
+from shuniu.core.errors import GatewayError
+from shuniu.core.types import (
+    Chunk,
+    Completion,
+    Embeddings,
+    EndpointLoad,
+    Health,
+    InferenceRequest,
+    Scores,
+    Usage,
+)
 
 __all__ = ["Backend", "BackendBase", "EndpointSpec"]
 
@@ -55,6 +65,10 @@ class Backend(Protocol):
     tokenizes: bool
     """Whether :meth:`count_tokens` asks the engine (``tokenizer: engine`` needs an endpoint
     that does). Default ``False``."""
+    serves: frozenset[str]
+    """The APIs this kind of engine can answer (``chat``, ``completions``, ``embeddings``,
+    ``rerank``); a model whose ``serves:`` asks for more is refused at start-up. Default
+    chat and completions."""
 
     def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yield :class:`shuniu.core.types.Chunk` objects. Raise
@@ -101,6 +115,23 @@ class Backend(Protocol):
         return Completion("".join(parts), finish, usage)
 
     @optional
+    async def embed(self, req: InferenceRequest) -> Embeddings:
+        """The vectors of ``req.pooling``'s inputs (texts or token ids), one per input in
+        order, at ``req.pooling.dimensions`` when set, as floats or, for
+        ``encoding_format: base64``, base64 strings (the gateway converts floats when the
+        engine cannot). Errors as :meth:`stream`. For endpoints whose ``serves`` has
+        ``embeddings``; the default refuses."""
+        raise _not_served(self, "embeddings")
+
+    @optional
+    async def score(self, req: InferenceRequest) -> Scores:
+        """The relevance of each document of ``req.pooling`` (``texts``) to its query
+        (``queries``: one for all, or one per document), in document order; ``/v1/rerank``
+        sorts them and ``/v1/score`` returns them as they are. For endpoints whose ``serves``
+        has ``rerank``; the default refuses."""
+        raise _not_served(self, "rerank")
+
+    @optional
     async def load(self) -> EndpointLoad | None:
         """The engine's own load snapshot (polled every ``load.interval_s``), or ``None``
         when this backend cannot see it (balancers then use the gateway's own counts).
@@ -128,13 +159,25 @@ class Backend(Protocol):
         return None
 
 
+GENERATION: frozenset[str] = frozenset({"chat", "completions"})
+"""What an engine serves unless it says more: chat and completions."""
+
+
+def _not_served(backend: object, api: str) -> GatewayError:
+    kind = getattr(backend, "kind", "") or type(backend).__name__
+    return GatewayError(
+        501, f"Endpoints of kind {kind!r} do not serve {api}.", type="server_error", code="not_supported"
+    )
+
+
 class BackendBase(Backend):
-    """A convenient base class: :class:`Backend`'s defaults, with an empty ``kind`` and
-    no known context window."""
+    """A convenient base class: :class:`Backend`'s defaults, with an empty ``kind``, no
+    known context window, and chat and completions served."""
 
     kind: ClassVar[str] = ""
     max_model_len: int | None = None
     tokenizes: bool = False
+    serves: frozenset[str] = GENERATION
 
     def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:  # pragma: no cover
         raise NotImplementedError

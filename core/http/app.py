@@ -18,7 +18,16 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from shuniu.core.api.openapi import openapi_document
-from shuniu.core.api.wire import ANTHROPIC, ANTHROPIC_COUNT, OPENAI, RESPONSES, Wire
+from shuniu.core.api.wire import (
+    ANTHROPIC,
+    ANTHROPIC_COUNT,
+    EMBEDDINGS,
+    OPENAI,
+    RERANK,
+    RESPONSES,
+    SCORE,
+    Wire,
+)
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
 from shuniu.core.observability.hardware import HardwareReadings
@@ -40,6 +49,15 @@ log = logging.getLogger("shuniu.gateway")
 _encode = msgspec.json.Encoder().encode
 
 
+POOLING_ROUTES: dict[str, tuple[Api, Wire]] = {
+    "/v1/embeddings": ("embeddings", EMBEDDINGS),
+    "/v1/rerank": ("rerank", RERANK),
+    "/v2/rerank": ("rerank", RERANK),
+    "/v1/score": ("score", SCORE),
+}
+"""The pooling APIs' routes (``/v2/rerank`` is Cohere's path for the same request)."""
+
+
 class Dispatch:
     """The ASGI entry point: the inference routes go straight to the request path;
     everything else (and the lifespan) is the Litestar app."""
@@ -54,6 +72,7 @@ class Dispatch:
             "/v1/completions": ("completions", OPENAI),
             "/v1/messages": ("chat", ANTHROPIC),
             "/v1/responses": ("chat", RESPONSES),
+            **{route: (api, wire) for route, (api, wire) in POOLING_ROUTES.items()},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -103,6 +122,15 @@ def build_app(
     @asgi("/v1/responses", copy_scope=False)
     async def responses(scope: Scope, receive: Receive, send: Send) -> None:
         await path.handle("chat", RESPONSES, scope, receive, send)
+
+    def pooling_handler(route: str, api: Api, wire: Wire) -> Any:
+        @asgi(route, copy_scope=False)
+        async def pooled(scope: Scope, receive: Receive, send: Send) -> None:
+            await path.handle(api, wire, scope, receive, send)
+
+        return pooled
+
+    pooling = [pooling_handler(route, api, wire) for route, (api, wire) in POOLING_ROUTES.items()]
 
     @get("/v1/models", sync_to_thread=False)
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -188,6 +216,7 @@ def build_app(
             messages,
             messages_count,
             responses,
+            *pooling,
             models,
             health,
             ready,

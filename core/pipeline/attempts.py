@@ -25,7 +25,7 @@ from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pools.pool import EndpointState, Pool
 from shuniu.core.pools.resilience import Resilience
 from shuniu.core.state import GatewayState
-from shuniu.core.types import Chunk, Completion, InferenceRequest, Outcome
+from shuniu.core.types import Chunk, Completion, Embeddings, InferenceRequest, Outcome, Scores
 
 __all__ = ["Attempts", "Opened", "close_stream"]
 
@@ -51,7 +51,7 @@ class Opened:
         self.endpoint = endpoint
         self.resilience = resilience
         self.stream = stream
-        self.first: Chunk | Completion | None = first
+        self.first: Chunk | Completion | Embeddings | Scores | None = first
 
 
 class Attempts:
@@ -73,14 +73,24 @@ class Attempts:
     ) -> Opened | None:
         """Attempts until one engine call produced its first output. ``None``: every
         attempt failed (or the scheduler refused), and the error was sent."""
+        opened = await self.run(req, pool, loop, progress)
+        if isinstance(opened, Opened):
+            return opened
+        progress.fail(opened)
+        await send_error(send, opened, req.id, extra, wire_of(req).error)
+        return None
+
+    async def run(
+        self, req: InferenceRequest, pool: Pool, loop: asyncio.AbstractEventLoop, progress: Progress
+    ) -> Opened | GatewayError:
+        """Attempts until one engine call produced its first output (a stream's first chunk,
+        a completion, a pooling answer), or the error that ended them."""
         streamed = req.stream
         while True:
             try:
                 ticket = await self._admit(req, pool, progress)
             except GatewayError as refusal:
-                progress.fail(refusal)
-                await send_error(send, refusal, req.id, extra, wire_of(req).error)
-                return None
+                return refusal
             res = self._state.resilience[pool.name]
             # The pool hands out slots on its own endpoints.
             endpoint = cast(EndpointState, ticket.endpoint)
@@ -92,8 +102,12 @@ class Attempts:
                 if streamed:
                     gen = backend.stream(req)
                     call = gen.__anext__()
-                else:
+                elif req.pooling is None:
                     call = backend.complete(req)
+                elif req.api == "embeddings":
+                    call = backend.embed(req)
+                else:
+                    call = backend.score(req)
                 if limit is None:
                     first = await call
                 else:
@@ -119,9 +133,7 @@ class Attempts:
             self.attempt_over(ticket, Outcome.ERROR, progress)
             retry = await self._after_failure(req, pool, endpoint, err, progress, loop)
             if retry is None:
-                progress.fail(err)
-                await send_error(send, err, req.id, extra, wire_of(req).error)
-                return None
+                return err
             pool = retry
 
     async def _admit(self, req: InferenceRequest, pool: Pool, progress: Progress) -> Ticket:
@@ -185,7 +197,7 @@ class Attempts:
             if fallback is None or progress.fell_back or progress.attempts > res.retries.max_retries:
                 return None
             target = state.pools[fallback]
-            if req.modalities - target.accepts:
+            if req.modalities - target.accepts or req.api not in target.serves:
                 return None  # the fallback model cannot take this input
             progress.fell_back = True
             req.tried = None

@@ -122,7 +122,7 @@ def degrade(
         req.body.pop("max_completion_tokens", None)
         done.append(f"max_tokens={cfg.max_tokens}")
         monitor.count(pool.name, tier.name, "max_tokens")
-    if cfg.route_to is not None and cfg.route_to != pool.name:
+    if cfg.route_to is not None and cfg.route_to != pool.name and req.api in pools[cfg.route_to].serves:
         monitor.count(pool.name, tier.name, "route")
         pool = pools[cfg.route_to]
         done.append(f"model={cfg.route_to}")

@@ -68,7 +68,7 @@ class Intake:
             raise GatewayError(
                 400,
                 f"The prompt is about {req.prompt_tokens} tokens; this gateway accepts at most {limit}.",
-                param="messages" if req.api == "chat" else "prompt",
+                param="messages" if req.api == "chat" else "prompt" if req.api == "completions" else "input",
                 code="prompt_too_long",
             )
 

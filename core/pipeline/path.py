@@ -34,6 +34,7 @@ from shuniu.core.pipeline.attempts import Attempts
 from shuniu.core.pipeline.delivery import send_completion, send_stream
 from shuniu.core.pipeline.disconnect import Disconnect
 from shuniu.core.pipeline.intake import Intake
+from shuniu.core.pipeline.pooling import send_pooled
 from shuniu.core.pipeline.recording import Progress, Recorder
 from shuniu.core.pipeline.response_cache import Filler
 from shuniu.core.pools.pool import Pool
@@ -89,8 +90,10 @@ class RequestPath:
             # Routing: the model, counted in its own tokens when it has a tokenizer, then the
             # size limits, the shuniu headers, the tier's rules, degradation, rules.
             pool = routing.lookup(state.routes, req)
+            if req.api not in pool.serves:
+                routing.check_served(req, pool, state.pools)
             counter = pool.counter
-            if counter is not None:
+            if counter is not None and req.pooling is None:
                 await recount(req, counter)
             self.intake.check_size(req)
             if headers:
@@ -99,7 +102,7 @@ class RequestPath:
             if pool.classifier is not None:
                 await routing.classify(req, pool.classifier)
             pool, degraded = routing.route(req, tier, pool, state.pools, state.router, state.overload)
-            if pool.counter is not counter and pool.counter is not None:
+            if pool.counter is not counter and pool.counter is not None and req.pooling is None:
                 # A rule or degradation chose a model with another tokenizer: its count decides
                 # whether the prompt fits there.
                 await recount(req, pool.counter)
@@ -177,6 +180,9 @@ class RequestPath:
                 if cache_state is cache_step.HIT:
                     return
                 extra = [*extra, (b"x-shuniu-cache", cache_state)]
+            if req.pooling is not None:
+                await send_pooled(self.attempts, req, pool, send, loop, progress, extra, filler)
+                return
             opened = await self.attempts.open(req, pool, send, loop, progress, extra)
             if opened is None:
                 return

@@ -3,8 +3,9 @@ is stored, single-flight filling, and replay (as JSON or as SSE).
 
 **What is cacheable.** Only answers that are deterministic by configuration: the request
 sets ``temperature: 0`` or a ``seed``, or its tier opts in (``tiers.<t>.cache``); ``n`` must
-be 1. A client can skip the lookup with ``Cache-Control: no-cache`` (the fresh answer is
-still stored) or skip the cache entirely with ``no-store``.
+be 1. Embeddings, rerank and score answers always are (stored as their JSON body). A client
+can skip the lookup with ``Cache-Control: no-cache`` (the fresh answer is still stored) or
+skip the cache entirely with ``no-store``.
 
 **The key** is a SHA-256 over: the tenant (so one tenant can never read, or probe for,
 another's answers), the model's own name (aliases share entries), the endpoint versions the
@@ -111,6 +112,11 @@ class Filler:
         if chunk.usage is not None:
             self.usage = chunk.usage
 
+    def pooled(self, body: bytes, prompt_tokens: int) -> None:
+        """A pooling answer: its whole JSON body is what is stored and replayed."""
+        self.pieces = [body.decode()]
+        self.usage = Usage(prompt_tokens, 0, prompt_tokens)
+
     def completion(self, result: Completion) -> None:
         self.pieces = [result.text]
         self.extra = result.extra
@@ -136,6 +142,8 @@ class ResponseCache:
 
     @staticmethod
     def cacheable(req: InferenceRequest, tier_opts_in: bool) -> bool:
+        if req.pooling is not None:
+            return True  # vectors and scores are the same for the same input
         body = req.body
         n = body.get("n")
         if n is not None and n != 1:
@@ -268,6 +276,8 @@ class ResponseCache:
 
     @staticmethod
     def as_json(req: InferenceRequest, answer: CachedAnswer) -> bytes:
+        if req.pooling is not None:
+            return answer.pieces[0].encode()
         result = Completion(
             "".join(answer.pieces), answer.finish_reason, ResponseCache.usage(answer), answer.extra
         )

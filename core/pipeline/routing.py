@@ -9,14 +9,20 @@ import logging
 from collections.abc import Mapping
 
 from shuniu.core.contracts import Classifier
-from shuniu.core.errors import context_too_long, model_not_found, unsupported_modality
+from shuniu.core.errors import (
+    api_not_served,
+    context_too_long,
+    input_too_long,
+    model_not_found,
+    unsupported_modality,
+)
 from shuniu.core.pipeline.degradation import OverloadMonitor, degrade
 from shuniu.core.pipeline.router import Router
 from shuniu.core.pools.pool import Pool
 from shuniu.core.tenancy.tenancy import Tier
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["check_context", "check_modalities", "classify", "lookup", "route"]
+__all__ = ["check_context", "check_modalities", "check_served", "classify", "lookup", "route"]
 
 log = logging.getLogger("shuniu.routing")
 
@@ -27,6 +33,14 @@ def lookup(routes: Mapping[str, Pool], req: InferenceRequest) -> Pool:
     if pool is None:
         raise model_not_found(req.model)
     return pool
+
+
+def check_served(req: InferenceRequest, pool: Pool, pools: Mapping[str, Pool]) -> None:
+    """400 when the model does not serve the request's API (embeddings sent to a chat model,
+    chat sent to an embedding model), naming the models that do."""
+    if req.api not in pool.serves:
+        others = sorted(name for name, p in pools.items() if req.api in p.serves)
+        raise api_not_served(req.model, pool.name, req.api, sorted(pool.serves), others)
 
 
 def route(
@@ -75,6 +89,18 @@ def check_context(req: InferenceRequest, pool: Pool) -> None:
     """400 when the prompt plus ``max_tokens`` exceed the pool's context window."""
     limit = pool.max_model_len
     if limit is None:
+        return
+    job = req.pooling
+    if job is not None:
+        body = req.body
+        if body.get("truncate_prompt_tokens") is not None or body.get("truncate") is True:
+            return  # the engine truncates inputs that are too long
+        for i, tokens in enumerate(job.tokens):
+            if tokens > limit:
+                param = (
+                    "input" if req.api == "embeddings" else "documents" if req.api == "rerank" else "text_2"
+                )
+                raise input_too_long(limit, job.offset + i, tokens, param)
         return
     wanted = req.max_tokens or 0
     if req.prompt_tokens + wanted > limit or req.prompt_tokens >= limit:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from shuniu.core.config import EndpointConfig, ModelConfig
 from shuniu.core.config.loader import ResolvedDeployment, expand_endpoints
 from shuniu.core.contracts import (
+    GENERATION,
     Authenticator,
     Backend,
     Balancer,
@@ -142,6 +143,19 @@ class PoolBuilder:
                     extra=extra,
                 )
                 endpoint = self._endpoint(backends[ep_cfg.kind], spec, ep_cfg)
+                unserved = set(model.serves) - getattr(endpoint.backend, "serves", GENERATION)
+                if unserved:
+                    raise ConfigError(
+                        [
+                            Problem(
+                                f"models.{model_name}.endpoints[{index}].kind",
+                                f"endpoints of kind {ep_cfg.kind!r} do not serve "
+                                f"{' or '.join(sorted(unserved))}, which the model serves "
+                                f"(models.{model_name}.serves)",
+                            )
+                        ],
+                        source="deployment",
+                    )
                 if plan is not None:
                     # Out of balancing until the engine's first passing health probe.
                     endpoint.healthy = False
@@ -156,6 +170,8 @@ class PoolBuilder:
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
             pool.counter = self.counter(model_name, model, pool)
             pool.accepts = frozenset(model.modalities) - {"text"}
+            pool.serves = frozenset(model.serves) | ({"score"} if "rerank" in model.serves else set())
+            pool.split_inputs = model.pooling.split_inputs
             pool.classifier = self.classifier(resolved, model_name, model)
             built.pools[model_name] = pool
             built.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)

@@ -128,6 +128,8 @@ class Pool:
         "max_model_len",
         "name",
         "scheduler",
+        "serves",
+        "split_inputs",
         "versions",
         "versions_key",
     )
@@ -153,6 +155,10 @@ class Pool:
         """Counts prompts in the model's tokens (``tokenizer:``); ``None``: the estimate."""
         self.accepts: frozenset[str] = frozenset()
         """The input modalities beyond text the model takes (``modalities:``)."""
+        self.serves: frozenset[str] = frozenset({"chat", "completions"})
+        """The APIs the model answers (``serves:``; ``rerank`` brings ``score``)."""
+        self.split_inputs = 32
+        """Inputs per engine call of a pooling request (``pooling.split_inputs``)."""
         self.classifier: Classifier | None = None
         """Labels the model's requests before its routing rules (``classifier:``)."""
         self.dispatched = 0

@@ -224,7 +224,10 @@ class Tenancy:
         plan = self._plan(req.principal, tier)
         if not plan:
             return None
-        reserved = req.prompt_tokens + (req.max_tokens or self.default_output_tokens)
+        # max_tokens 0: a pooling request, which generates nothing.
+        reserved = req.prompt_tokens + (
+            req.max_tokens if req.max_tokens is not None else self.default_output_tokens
+        )
         for _key, limit, _period, label in plan.tokens:
             if reserved > limit:
                 raise GatewayError(

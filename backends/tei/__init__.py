@@ -1,0 +1,1 @@
+"""The ``tei`` backend: Hugging Face text-embeddings-inference (embeddings and rerank)."""
