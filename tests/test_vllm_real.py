@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,39 +118,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         time.sleep(2.0)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+@contextmanager
+def serve_vllm(args: list[str], log: Path) -> Iterator[Server]:
+    """``vllm serve`` of the tiny model on a free 127.0.0.1 port with ``args``, healthy
+    (or the test fails with the log's tail), stopped with its process group at the end."""
     _ensure_model()
     port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
     cmd = [
         str(PYTHON),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
         str(MODEL_DIR),
-        "--served-model-name",
-        SERVED,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--max-num-seqs",
-        "1",
-        "--enforce-eager",
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--scheduling-policy",
-        "priority",
+        *args,
         "--host",
         "127.0.0.1",
         "--port",
@@ -161,7 +152,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         # session is a new autogroup for the CPU scheduler, and vLLM's spin loops then starve
         # this process on a 2-core machine (see benchmarks/sim_fidelity.py).
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, process_group=0
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **ENV},
+            process_group=0,
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log, 0.0)
     try:
@@ -183,6 +179,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    args = [
+        "--served-model-name",
+        SERVED,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "1",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--scheduling-policy",
+        "priority",
+    ]
+    with serve_vllm(args, tmp_path_factory.mktemp("vllm") / "server.log") as srv:
+        yield srv
 
 
 def _backend(server: Server, **options: Any) -> VllmBackend:
