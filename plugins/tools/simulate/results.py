@@ -61,6 +61,10 @@ class SimulationResult:
     e2e: LogHistogram = field(default_factory=LogHistogram)
     queue: LogHistogram = field(default_factory=LogHistogram)
     per_endpoint: dict[str, dict[str, Any]] = field(default_factory=dict)
+    endpoint_latency: dict[str, tuple[LogHistogram, LogHistogram]] = field(default_factory=dict)
+    """Time to first token and end-to-end latency of the requests each endpoint served
+    (summarised in :attr:`per_endpoint` as ``ttft_p50``, ``ttft_p99``, ``e2e_p50`` and
+    ``e2e_p99``)."""
     window_s: float = 10.0
     """Width of the time windows of :attr:`timeline`."""
     timeline: dict[int, tuple[LogHistogram, LogHistogram]] = field(default_factory=dict)

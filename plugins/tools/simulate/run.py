@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shuniu.backends.sim import Seq, SimBackend
+from shuniu.backends.sim import LogHistogram, Seq, SimBackend
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.errors import ConfigError, GatewayError, Problem
 from shuniu.core.plugin_manager import PluginManager
@@ -125,6 +125,11 @@ async def _run(
         ttft = first - now
         result.ttft.add(ttft)
         result.e2e.add(end - now)
+        hists = result.endpoint_latency.get(ticket.endpoint.name)
+        if hists is None:
+            hists = result.endpoint_latency[ticket.endpoint.name] = (LogHistogram(), LogHistogram())
+        hists[0].add(ttft)
+        hists[1].add(end - now)
         result.requests_completed += 1
         tier.ttft.add(ttft)
         tier.e2e.add(end - now)
@@ -176,6 +181,11 @@ async def _run(
                 "preemptions": core.preemptions,
                 "busy_share": ep.backend.engine.busy_time / result.sim_time_s if result.sim_time_s else 0.0,
             }
+            served = result.endpoint_latency.get(ep.name)
+            if served is not None:
+                for what, hist in zip(("ttft", "e2e"), served, strict=True):
+                    result.per_endpoint[ep.name][f"{what}_p50"] = hist.quantile(0.5)
+                    result.per_endpoint[ep.name][f"{what}_p99"] = hist.quantile(0.99)
     await gateway.stop()
 
 
