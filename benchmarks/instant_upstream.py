@@ -15,6 +15,8 @@ Routes:
   other chunk then carries ``"usage":null``), and ``data: [DONE]``. The number of tokens is
   the request's ``max_completion_tokens`` / ``max_tokens`` (finish reason ``length``), else
   ``--tokens`` (default 16, finish reason ``stop``), capped at 4096.
+* ``POST /v1/embeddings``: one vector of ``--dim`` floats (default 1024) per input, as
+  floats or, with ``"encoding_format": "base64"``, packed; ``usage.prompt_tokens`` as below.
 * ``GET /v1/models``: the model list; ``GET /health``: ``{"status":"ok"}``.
 
 ``prompt_tokens`` is an estimate (a quarter of the prompt's characters, at least 1): the
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import itertools
+import struct
 import sys
 import time
 from typing import Any
@@ -43,6 +47,8 @@ __all__ = ["DEFAULT_TOKENS", "MAX_TOKENS", "UpstreamProtocol", "build_response",
 
 DEFAULT_TOKENS = 16
 MAX_TOKENS = 4096
+DIM = 1024
+"""Floats per embedding vector (``--dim``)."""
 _CACHE_LIMIT = 512
 _ID_DIGITS = 16  # the response id's counter part; fixed width, so templates keep their lengths
 _ID_PLACEHOLDER = b"@" * _ID_DIGITS
@@ -67,6 +73,8 @@ class _Body(msgspec.Struct):
     max_completion_tokens: int | None = None
     messages: list[_Message] | None = None
     prompt: Any = None
+    input: Any = None
+    encoding_format: str | None = None
 
 
 _decode_body = msgspec.json.Decoder(_Body).decode
@@ -121,6 +129,8 @@ def build_response(api: str, raw: bytes, created: int | None = None) -> tuple[by
         body = _decode_body(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(str(exc)) from None
+    if api == "embeddings":
+        return _embeddings(body), False
     if api == "chat" and not body.messages:
         raise ValueError("'messages' must be a non-empty list")
     if api == "completions" and body.prompt is None:
@@ -195,7 +205,31 @@ def build_response(api: str, raw: bytes, created: int | None = None) -> tuple[by
     return _STREAM_HEAD + b"".join(map(_chunked, events)) + b"0\r\n\r\n", True
 
 
-_ROUTES = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
+def _embeddings(body: _Body) -> bytes:
+    inputs = body.input if isinstance(body.input, list) else [body.input]
+    if not inputs or inputs[0] is None:
+        raise ValueError("'input' is required")
+    if isinstance(inputs[0], int):
+        inputs = [inputs]
+    if body.encoding_format == "base64":
+        vector = b'"' + base64.b64encode(struct.pack(f"<{DIM}f", *([0.03125] * DIM))) + b'"'
+    else:
+        vector = b"[" + b",".join([b"0.03125"] * DIM) + b"]"
+    items = b",".join(
+        b'{"object":"embedding","index":%d,"embedding":' % i + vector + b"}" for i in range(len(inputs))
+    )
+    chars = sum(len(t) if isinstance(t, str) else 4 * len(t) for t in inputs)
+    tokens = max(1, chars // 4)
+    payload = b'{"object":"list","data":[' + items + b'],"model":' + _encode(body.model)
+    payload += b',"usage":{"prompt_tokens":%d,"total_tokens":%d}}' % (tokens, tokens)
+    return _http("200 OK", b"application/json", payload)
+
+
+_ROUTES = {
+    b"/v1/chat/completions": "chat",
+    b"/v1/completions": "completions",
+    b"/v1/embeddings": "embeddings",
+}
 _counter = itertools.count(1)
 _cache: dict[tuple[str, bytes], tuple[bytes, bool]] = {}
 _HEALTH = _http("200 OK", b"application/json", b'{"status":"ok"}')
@@ -341,15 +375,17 @@ async def start_server(host: str = "127.0.0.1", port: int = 0) -> asyncio.Server
 
 
 def main(argv: list[str] | None = None) -> None:
-    global DEFAULT_TOKENS
+    global DEFAULT_TOKENS, DIM
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000, help="0 picks a free port (default 9000)")
     parser.add_argument(
         "--tokens", type=int, default=DEFAULT_TOKENS, help="tokens when a request sets no max_tokens"
     )
+    parser.add_argument("--dim", type=int, default=DIM, help="floats per embedding vector")
     args = parser.parse_args(argv)
     DEFAULT_TOKENS = max(1, min(MAX_TOKENS, args.tokens))
+    DIM = max(1, args.dim)
 
     async def run() -> None:
         server = await start_server(args.host, args.port)

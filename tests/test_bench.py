@@ -636,6 +636,9 @@ def test_bench_classifies_queue_rejections(tmp_path: Path) -> None:
         (["--rate", "5", "--body", "[1]"], "JSON object"),
         (["--rate", "5", "--header", "Host: x"], "set by shuniu bench"),
         (["--rate", "5", "--cv", "2"], "--arrival gamma"),
+        (["--rate", "5", "--api", "embeddings", "--stream"], "does not go with --api embeddings"),
+        (["--rate", "5", "--api", "rerank", "--output-tokens", "5"], "does not go with --api rerank"),
+        (["--rate", "5", "--inputs", "4"], "--inputs goes with"),
     ],
 )
 def test_bad_command_lines(args: list[str], message: str) -> None:
@@ -667,3 +670,133 @@ def test_nothing_succeeding_exits_1_and_the_key_is_never_shown(tmp_path: Path) -
     text = out.read_text()
     assert "sk-secret" not in text and "sk-secret" not in result.output
     assert json.loads(text)["config"]["headers"] == ["Authorization"]
+
+
+# --------------------------------------------------------------------------- other APIs
+
+
+def test_pooling_and_messages_bodies_and_answers() -> None:
+    builder = BodyBuilder("m", stream=False, inputs=3)
+    plan = synthetic_plan(
+        api="embeddings",
+        builder=builder,
+        prompt_tokens=parse_length("10"),
+        output_tokens=None,
+        prompts=PromptMaker(1, 0, 1),
+        seed=1,
+    )
+    first = next(plan)
+    body = msgspec.json.decode(first.body)
+    assert len(body["input"]) == 3 and all(len(t.split()) == 10 for t in body["input"])
+    assert first.prompt_tokens == 30 and first.output_tokens is None and "stream" not in body
+    ranked = msgspec.json.decode(BodyBuilder("m", stream=False).build("rerank", "", "a b c", None, ["d e"]))
+    assert ranked["documents"] == ["a b c", "d e"] and ranked["query"] == "a b c"
+    anthropic = msgspec.json.decode(BodyBuilder("m", stream=True).build("messages", "be brief", "hi", None))
+    assert (
+        anthropic["system"] == "be brief" and anthropic["max_tokens"] == 256 and anthropic["stream"] is True
+    )
+    assert "stream_options" not in anthropic
+
+    vectors = parse_response(
+        b'{"object":"list","data":[{"embedding":[1]},{"embedding":[2]}],"usage":{"prompt_tokens":9}}'
+    )
+    assert vectors is not None and (vectors.items, vectors.prompt_tokens, vectors.completion_tokens) == (
+        2,
+        9,
+        0,
+    )
+    ranking = parse_response(
+        b'{"id":"r","results":[{"index":0,"relevance_score":0.5}],"usage":{"total_tokens":4}}'
+    )
+    assert ranking is not None and (ranking.items, ranking.prompt_tokens) == (1, 4)
+    message = parse_response(
+        b'{"type":"message","content":[{"type":"text","text":"hello"}],"usage":{"input_tokens":5,"output_tokens":1}}'
+    )
+    assert message is not None and (message.text, message.prompt_tokens, message.completion_tokens) == (
+        "hello",
+        5,
+        1,
+    )
+
+
+def test_anthropic_stream_timing() -> None:
+    t = SseTracker()
+    events = [
+        (
+            b"message_start",
+            b'{"type":"message_start","message":{"usage":{"input_tokens":7,"output_tokens":1}}}',
+        ),
+        (
+            b"content_block_start",
+            b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}',
+        ),
+        (
+            b"content_block_delta",
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}',
+        ),
+        (
+            b"content_block_delta",
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"b"}}',
+        ),
+        (b"content_block_stop", b'{"type":"content_block_stop","index":0}'),
+        (
+            b"message_delta",
+            b'{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}',
+        ),
+        (b"message_stop", b'{"type":"message_stop"}'),
+    ]
+    for i, (name, data) in enumerate(events):
+        t.feed(b"event: " + name + b"\ndata: " + data + b"\n\n", float(i))
+    assert (t.first, t.chunks, t.gaps, t.done) == (2.0, 2, [1.0], True)
+    assert (t.prompt_tokens, t.completion_tokens, t.error) == (7, 2, None)
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gw = start_gateway(None, tmp_path_factory.mktemp("bench-quickstart"))
+    yield gw
+    gw.stop()
+
+
+def test_bench_drives_embeddings_rerank_and_messages(quickstart: GatewayProcess) -> None:
+    url = quickstart.base_url
+    code, s, out = _bench(
+        url,
+        "--api",
+        "embeddings",
+        "-m",
+        "embed",
+        "--inputs",
+        "20",
+        "--prompt-tokens",
+        "16",
+        "-c",
+        "2",
+        "-n",
+        "6",
+    )
+    assert code == 0, out
+    assert s["requests"]["succeeded"] == 6 and s["inputs"] == 120 and s["config"]["inputs_per_request"] == 20
+    # The gateway's usage: 16 words each, counted as every limit counts them.
+    assert s["input_tokens"]["total"] == 6 * 20 * 16
+    assert s["inputs_per_s"] == pytest.approx(120 / s["duration_s"], rel=1e-3)
+    code, s, out = _bench(url, "--api", "rerank", "-m", "rerank", "--inputs", "5", "-c", "1", "-n", "3")
+    assert code == 0, out
+    assert s["requests"]["succeeded"] == 3 and s["inputs"] == 15
+    code, s, out = _bench(
+        url,
+        "--api",
+        "messages",
+        "-m",
+        "quickstart",
+        "--output-tokens",
+        "4",
+        "--ignore-eos",
+        "-c",
+        "2",
+        "-n",
+        "4",
+    )
+    assert code == 0, out
+    assert s["requests"]["succeeded"] == 4 and s["output_tokens"]["total"] == 16 and s["ttft_ms"]["n"] == 4
+    assert s["output_tokens"]["from_usage"] == 4

@@ -35,6 +35,7 @@ import httptools
 import msgspec
 
 __all__ = [
+    "ROUTES",
     "Call",
     "Endpoint",
     "Pool",
@@ -51,6 +52,9 @@ class _Delta(msgspec.Struct):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    text: str | None = None
+    """Anthropic's ``content_block_delta`` (``text_delta``)."""
+    thinking: str | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -62,6 +66,23 @@ class _Choice(msgspec.Struct):
 class _Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    """Anthropic's names for the prompt and completion tokens."""
+    output_tokens: int | None = None
+
+    @property
+    def prompt(self) -> int | None:
+        return self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens
+
+    @property
+    def completion(self) -> int | None:
+        return self.completion_tokens if self.completion_tokens is not None else self.output_tokens
+
+
+class _Part(msgspec.Struct):
+    type: str | None = None
+    text: str | None = None
 
 
 class _Error(msgspec.Struct):
@@ -80,7 +101,16 @@ class _Payload(msgspec.Struct):
     object: str | None = None
     type: str | None = None
     code: str | int | None = None
-    message: str | None = None
+    message: str | dict[str, Any] | None = None
+    """An error's message, or Anthropic's ``message_start`` message."""
+    data: list[Any] | None = None
+    """Embeddings (one per input) and scores."""
+    results: list[Any] | None = None
+    """Rerank results."""
+    content: list[_Part] | None = None
+    """An Anthropic message's content blocks."""
+    delta: _Delta | None = None
+    """An Anthropic stream event's delta."""
 
 
 _decode_payload = msgspec.json.Decoder(_Payload).decode
@@ -170,16 +200,28 @@ class Response(msgspec.Struct):
     text: str = ""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    items: int | None = None
+    """Vectors (embeddings) or scored documents (rerank, score) the answer holds."""
 
 
 def parse_response(body: bytes) -> Response | None:
-    """A non-streamed completion body; None if it is not one."""
+    """A non-streamed answer (a completion, an Anthropic message, embeddings, a ranking);
+    None if it is none of them."""
     p = _decode(body)
-    if p is None or p.choices is None or _error_label(p) is not None:
+    if p is None or _error_label(p) is not None:
         return None
-    text = "".join(t for t in map(_text_of, p.choices) if t)
     u = p.usage
-    return Response(text, u.prompt_tokens if u else None, u.completion_tokens if u else None)
+    if p.choices is not None:
+        text = "".join(t for t in map(_text_of, p.choices) if t)
+        return Response(text, u.prompt if u else None, u.completion if u else None)
+    if p.content is not None:
+        text = "".join(part.text or "" for part in p.content)
+        return Response(text, u.prompt if u else None, u.completion if u else None)
+    items = p.data if p.data is not None else p.results
+    if items is None:
+        return None
+    prompt = None if u is None else u.prompt if u.prompt is not None else u.total_tokens
+    return Response("", prompt, 0, len(items))
 
 
 # --------------------------------------------------------------------------- SSE
@@ -259,18 +301,28 @@ class SseTracker:
                     text = d.content or d.reasoning_content or d.reasoning
                 else:
                     text = any(map(_text_of, choices))
-                if text:
-                    if self.first < 0:
-                        self.first = now
-                    else:
-                        self.gaps.append(now - self.last)
-                    self.last = now
-                    self.chunks += 1
+            elif p.delta is not None:
+                text = p.delta.text or p.delta.thinking
+            else:
+                text = None
+                if p.type == "message_stop":
+                    self.done = True  # Anthropic's streams end with it, not with [DONE]
+                elif isinstance(p.message, dict):
+                    usage = p.message.get("usage")
+                    if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+                        self.prompt_tokens = usage["input_tokens"]
+            if text:
+                if self.first < 0:
+                    self.first = now
+                else:
+                    self.gaps.append(now - self.last)
+                self.last = now
+                self.chunks += 1
             if p.usage is not None:
-                if p.usage.completion_tokens is not None:
-                    self.completion_tokens = p.usage.completion_tokens
-                if p.usage.prompt_tokens is not None:
-                    self.prompt_tokens = p.usage.prompt_tokens
+                if p.usage.completion is not None:
+                    self.completion_tokens = p.usage.completion
+                if p.usage.prompt is not None:
+                    self.prompt_tokens = p.usage.prompt
             if p.error is not None or p.object == "error":
                 label = _error_label(p)
                 if label is not None and self.error is None:
@@ -285,6 +337,16 @@ def _data_of(event: bytes) -> bytes:
 
 
 # --------------------------------------------------------------------------- endpoints
+
+
+ROUTES = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+    "rerank": "/rerank",
+    "messages": "/messages",
+}
+"""Each API's route under the API root (``chat`` first: ``/completions`` ends it too)."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +367,7 @@ class Endpoint:
         return host if self.port == default else f"{host}:{self.port}"
 
     def path(self, api: str) -> str:
-        return self.root + ("/chat/completions" if api == "chat" else "/completions")
+        return self.root + ROUTES[api]
 
     @property
     def display(self) -> str:
@@ -329,7 +391,7 @@ def parse_endpoint(url: str) -> Endpoint:
         raise ValueError(f"bad port in {url!r}") from None
     path = parts.path.rstrip("/")
     api = None
-    for suffix, kind in (("/chat/completions", "chat"), ("/completions", "completions")):
+    for kind, suffix in ROUTES.items():
         if path.endswith(suffix):
             path, api = path[: -len(suffix)], kind
             break
@@ -365,6 +427,7 @@ class Call:
         "index",
         "intended",
         "issued",
+        "items",
         "measured",
         "planned_output",
         "planned_prompt",
@@ -403,6 +466,8 @@ class Call:
         self.completion_tokens: int | None = None
         self.text = ""
         """The answer of a non-streamed response without ``usage`` (to count its tokens)."""
+        self.items: int | None = None
+        """Vectors or scored documents in a pooling answer."""
 
     @property
     def ok(self) -> bool:
@@ -573,6 +638,7 @@ class _Conn(asyncio.Protocol):
                     call.text = resp.text if resp.completion_tokens is None else ""
                     call.prompt_tokens = resp.prompt_tokens
                     call.completion_tokens = resp.completion_tokens
+                    call.items = resp.items
         call.error = error
         self.parts = []
         self.pending.clear()

@@ -87,10 +87,19 @@ def _progress_display(console: Any, by_time: bool) -> Any:
 )
 @click.option(
     "--api",
-    type=click.Choice(["chat", "completions"]),
+    type=click.Choice(["chat", "completions", "messages", "embeddings", "rerank"]),
     default="chat",
     show_default=True,
-    help="/chat/completions or /completions (a URL ending in either picks it).",
+    help="/chat/completions, /completions, Anthropic's /messages, /embeddings or /rerank (a URL "
+    "ending in one picks it).",
+)
+@click.option(
+    "--inputs",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    metavar="N",
+    help="Embeddings: inputs per request; rerank: documents per request (each --prompt-tokens long).",
 )
 @click.option(
     "--api-key",
@@ -306,6 +315,15 @@ def bench_command(ctx: click.Context, url: str, **o: Any) -> None:
     api: str = endpoint.api or o["api"]
     if endpoint.api and _given(ctx, "api") and o["api"] != endpoint.api:
         _fail(f"the URL names the {endpoint.api} API but --api says {o['api']}")
+    pooling = api in ("embeddings", "rerank")
+    if pooling:
+        for name in ("stream", "workload_path", "output_tokens", "ignore_eos"):
+            if _given(ctx, name) and (name != "stream" or o["stream"]):
+                flag = {"workload_path": "workload", "stream": "stream"}.get(name, name).replace("_", "-")
+                _fail(f"--{flag} does not go with --api {api} (one answer per request, nothing generated)")
+        o["stream"] = False
+    elif _given(ctx, "inputs"):
+        _fail("--inputs goes with --api embeddings or rerank")
 
     # -- the load
     workload = None
@@ -379,7 +397,11 @@ def bench_command(ctx: click.Context, url: str, **o: Any) -> None:
         except Exception as exc:  # any failure means: say --model
             _fail(f"could not list the models at {models_url} ({exc}); give --model")
 
-    builder = BodyBuilder(model, stream=o["stream"], ignore_eos=o["ignore_eos"], extra=extra)
+    if api == "messages" and not any(name.lower() == "anthropic-version" for name, _ in headers):
+        headers.append(("anthropic-version", "2023-06-01"))
+    builder = BodyBuilder(
+        model, stream=o["stream"], ignore_eos=o["ignore_eos"], extra=extra, inputs=o["inputs"]
+    )
     warmup: float = o["warmup"]
     seed: int = o["seed"]
     prompt_dist = output_dist = None
@@ -475,7 +497,8 @@ def bench_command(ctx: click.Context, url: str, **o: Any) -> None:
         "requests": o["num_requests"],
         "warmup_s": warmup,
         "prompt_tokens": describe_length(prompt_dist) if prompt_dist is not None else None,
-        "output_tokens": describe_length(output_dist) if output_dist is not None else None,
+        "output_tokens": describe_length(output_dist) if output_dist is not None and not pooling else None,
+        "inputs_per_request": o["inputs"] if pooling else None,
         "shared_prefix_tokens": o["shared_prefix"] if workload is None else None,
         "prefix_groups": o["prefix_groups"] if workload is None and o["shared_prefix"] else None,
         "workload": str(o["workload_path"]) if workload is not None else None,

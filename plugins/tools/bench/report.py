@@ -129,6 +129,8 @@ def summarize(r: RunResult, config: dict[str, Any], slo: dict[str, float] | None
             "from_usage": r.usage_reported,
         },
         "input_tokens": {"total": r.input_tokens},
+        "inputs": r.inputs,
+        "inputs_per_s": _rate(r.inputs, window),
         "tokens_per_chunk": round(out_total / r.chunks, 4) if r.chunks else None,
         "ttft_ms": latency_stats(r.ttft),
         "itl_ms": latency_stats(r.itl),
@@ -206,6 +208,9 @@ def print_report(summary: dict[str, Any], console: Any) -> None:
     t.add_row("throughput (req/s)", f"{summary['qps']:,.2f}")
     t.add_row("output tokens/s", f"{summary['output_tokens_per_s']:,.1f}")
     t.add_row("input tokens/s", f"{summary['input_tokens_per_s']:,.1f}")
+    if summary.get("inputs"):
+        what = "documents" if summary["config"].get("api") == "rerank" else "inputs"
+        t.add_row(f"{what}/s", f"{summary['inputs_per_s']:,.1f}")
     out = summary["output_tokens"]
     if out["mean"] is not None:
         t.add_row("output tokens per request (mean)", f"{out['mean']:,.1f}")

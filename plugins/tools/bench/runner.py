@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuniu.core.tokens import count_tokens
-from shuniu.plugins.tools.bench.client import Call, Endpoint, Pool, request_head
+from shuniu.plugins.tools.bench.client import ROUTES, Call, Endpoint, Pool, request_head
 from shuniu.plugins.tools.bench.traffic import Planned
 
 __all__ = ["Progress", "RunResult", "RunSpec", "run", "run_sync"]
@@ -107,6 +107,8 @@ class RunResult:
     lag: array = field(default_factory=lambda: array("d"))
     output_tokens: list[int] = field(default_factory=list)
     input_tokens: int = 0
+    inputs: int = 0
+    """Embedding inputs or documents scored by the successful measured requests."""
     usage_reported: int = 0
     """Successful requests whose output count came from ``usage`` (not from chunk counts)."""
     chunks: int = 0
@@ -157,7 +159,7 @@ class _Run:
         self.pool = Pool(spec.endpoint, self._done, timeout=spec.timeout_s, verify_tls=spec.verify_tls)
         self.heads: dict[str, bytes] = {
             api: request_head(spec.endpoint, spec.endpoint.path(api), spec.headers, spec.user_agent)
-            for api in ("chat", "completions")
+            for api in ROUTES
         }
         self.t0 = 0.0
         self.warm_end = 0.0
@@ -282,6 +284,8 @@ class _Run:
                     call.prompt_tokens if call.prompt_tokens is not None else call.planned_prompt
                 )
                 r.chunks += call.chunks
+                if call.items:
+                    r.inputs += call.items
                 e2e = call.e2e
                 r.e2e.append(e2e)
                 ttft = call.ttft

@@ -196,34 +196,69 @@ class Planned(msgspec.Struct, gc=False):
     """``max_tokens`` asked for (None: not set)."""
 
 
+POOLING = frozenset({"embeddings", "rerank"})
+"""The APIs whose requests carry several inputs and get one answer, never streamed."""
+
+MESSAGES_MAX_TOKENS = 256
+"""``max_tokens`` of an Anthropic Messages request when none is asked for (it is required)."""
+
+
 class BodyBuilder:
     """Request bodies: ``model``, the prompt, ``max_tokens``; with ``stream``,
     ``stream_options.include_usage`` (so the last event counts the tokens); ``ignore_eos``
-    (a vLLM extension) when asked; ``extra`` fields merged in last."""
+    (a vLLM extension) when asked; ``extra`` fields merged in last. Embeddings and rerank
+    bodies carry ``inputs`` texts (inputs, or documents under a query)."""
 
     def __init__(
-        self, model: str, *, stream: bool, ignore_eos: bool = False, extra: dict[str, Any] | None = None
+        self,
+        model: str,
+        *,
+        stream: bool,
+        ignore_eos: bool = False,
+        extra: dict[str, Any] | None = None,
+        inputs: int = 1,
     ) -> None:
         self.model = model
         self.stream = stream
         self.ignore_eos = ignore_eos
         self.extra = dict(extra or {})
+        self.inputs = inputs
 
-    def build(self, api: str, prefix: str, text: str, max_tokens: int | None) -> bytes:
-        """A chat body puts the shared ``prefix`` in a system message; a completions body
-        puts it at the start of the prompt."""
+    def build(
+        self, api: str, prefix: str, text: str, max_tokens: int | None, more: list[str] | None = None
+    ) -> bytes:
+        """A chat (or Anthropic Messages) body puts the shared ``prefix`` in a system
+        message; a completions body puts it at the start of the prompt; an embeddings body
+        has ``text`` and ``more`` as its inputs, a rerank body as its documents (the prefix,
+        or the start of ``text``, is the query)."""
         body: dict[str, Any] = {"model": self.model}
+        if api in POOLING:
+            texts = [f"{prefix} {t}" if prefix else t for t in [text, *(more or ())]]
+            if api == "embeddings":
+                body["input"] = texts
+            else:
+                body["query"] = prefix or " ".join(text.split()[:8])
+                body["documents"] = [text, *(more or ())]
+            if self.extra:
+                body.update(self.extra)
+            return _encode(body)
         if api == "chat":
             messages = [{"role": "system", "content": prefix}] if prefix else []
             messages.append({"role": "user", "content": text})
             body["messages"] = messages
+        elif api == "messages":
+            if prefix:
+                body["system"] = prefix
+            body["messages"] = [{"role": "user", "content": text}]
+            body["max_tokens"] = max_tokens if max_tokens is not None else MESSAGES_MAX_TOKENS
         else:
             body["prompt"] = f"{prefix} {text}" if prefix else text
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if self.stream:
             body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+            if api != "messages":
+                body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if self.extra:
@@ -258,6 +293,15 @@ def synthetic_plan(
                 return
         tokens = n_in(rng)
         out = n_out(rng) if n_out is not None else None
+        if api in POOLING:
+            # Several inputs a request, each its own text of its own length.
+            n = builder.inputs
+            lengths = [tokens, *(n_in(rng) for _ in range(n - 1))]
+            texts = [prompts.make(i * n + k, length)[1] for k, length in enumerate(lengths)]
+            prefix = prompts.make(i * n, 1)[0]
+            body = builder.build(api, prefix, texts[0], None, texts[1:])
+            yield Planned(at, api, body, sum(lengths) + n * prefix_len, None)
+            continue
         prefix, text = prompts.make(i, tokens)
         yield Planned(at, api, builder.build(api, prefix, text, out), prefix_len + tokens, out)
 
