@@ -48,14 +48,26 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         type=click.Choice(["debug", "info", "warning", "error"]),
         show_default=True,
     )
+    @click.option(
+        "--workers",
+        default=None,
+        type=click.IntRange(1, 64),
+        help="Gateway processes sharing the port (default: the file's gateway.workers, else 1).",
+    )
     @click.pass_context
     def serve(
-        ctx: click.Context, file: Path | None, host: str | None, port: int | None, log_level: str
+        ctx: click.Context,
+        file: Path | None,
+        host: str | None,
+        port: int | None,
+        log_level: str,
+        workers: int | None,
     ) -> None:
         """Serve a deployment FILE (without one: the built-in quickstart, two simulated replicas)."""
         from shuniu.core.config.loader import QUICKSTART_NAME, load_deployment
         from shuniu.core.gateway import Gateway
         from shuniu.core.http.server import is_loopback, run_gateway
+        from shuniu.core.http.workers import WorkerInfo, check_workers, reserve_port, run_supervisor
 
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         plugins = _plugins(ctx)
@@ -67,8 +79,50 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         gw_cfg = resolved.deployment.gateway
         host = host or gw_cfg.host
         port = gw_cfg.port if port is None else port
+        worker = WorkerInfo.from_env()
+        count = gw_cfg.workers if workers is None else workers
+        source = "built-in quickstart" if resolved.source == QUICKSTART_NAME else resolved.source
+        if worker is None and count > 1:
+            problems = check_workers(resolved, count)
+            if problems:
+                _report_config_error(ConfigError(problems, source=resolved.source))
+                ctx.exit(2)
+            try:
+                reserved = reserve_port(host, port)
+            except OSError as exc:
+                click.secho(f"cannot listen on {host}:{port}: {exc}", fg="red", err=True)
+                ctx.exit(2)
+            port = reserved.getsockname()[1]
+            command = [
+                sys.executable,
+                "-m",
+                "shuniu.core",
+                "serve",
+                *([str(file)] if file is not None else []),
+            ]
+            command += ["--host", host, "--port", str(port), "--log-level", log_level]
+
+            def supervised(bound_port: int, pids: list[int]) -> None:
+                shown = (
+                    "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else f"[{host}]" if ":" in host else host
+                )
+                click.secho(
+                    f"shuniu {__version__} serving {source} on http://{shown}:{bound_port} "
+                    f"with {count} workers (pids {', '.join(map(str, pids))})",
+                    fg="green",
+                )
+                click.echo(f"  models: {', '.join(resolved.deployment.models)}")
+                sys.stdout.flush()
+
+            try:
+                code = run_supervisor(
+                    command, count, port, drain_s=gw_cfg.graceful_shutdown_s, on_ready=supervised
+                )
+            finally:
+                reserved.close()
+            ctx.exit(code)
         try:
-            gateway = Gateway(resolved, plugins)
+            gateway = Gateway(resolved, plugins, worker=worker)
         except (ValueError, OSError) as exc:
             # A backend that cannot be built from valid-looking options (e.g. an engine
             # setting that only conflicts once the model's context length is known).
@@ -80,7 +134,6 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             if bound_host in ("0.0.0.0", "::", "[::]"):
                 shown = "127.0.0.1"
             model = next(iter(resolved.deployment.models))
-            source = "built-in quickstart" if resolved.source == QUICKSTART_NAME else resolved.source
             click.secho(f"shuniu {__version__} serving {source} on http://{shown}:{bound_port}", fg="green")
             click.echo(f"  models: {', '.join(resolved.deployment.models)}")
             if gateway.engines:
@@ -105,7 +158,14 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
                 )
             sys.stdout.flush()
 
-        run_gateway(gateway, host, port, on_ready=ready, log_level=log_level)
+        run_gateway(
+            gateway,
+            host,
+            port,
+            on_ready=None if worker is not None else ready,
+            log_level=log_level,
+            worker=worker,
+        )
 
     @cli.command()
     @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))

@@ -24,9 +24,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shuniu.core.config import Deployment
+from shuniu.core.config import Deployment, FleetConfig
 from shuniu.core.config.loader import ResolvedDeployment
+from shuniu.core.fleet import FleetSync, FleetTransport
 from shuniu.core.http.app import Dispatch, build_app
+from shuniu.core.http.fleet import Peers
+from shuniu.core.http.workers import WorkerInfo
 from shuniu.core.observability.access_log import AccessLog
 from shuniu.core.observability.hardware import HardwareReadings
 from shuniu.core.observability.metrics import GatewayMetrics
@@ -63,9 +66,13 @@ class Gateway:
         plugins: PluginManager,
         *,
         extra_routes: Sequence[Any] = (),
+        worker: WorkerInfo | None = None,
+        fleet: FleetTransport | None = None,
     ) -> None:
         """``extra_routes`` are more Litestar route handlers to serve (e.g. the simulator
-        server's ``/metrics``)."""
+        server's ``/metrics``); ``worker``: this process is one of a supervised gateway's
+        workers (:mod:`shuniu.core.http.workers`); ``fleet``: the line to the fleet's shared
+        routing state (default: Redis, when the deployment has ``fleet:``)."""
         self.plugins = plugins
         config = resolved.deployment
         gw = config.gateway
@@ -89,6 +96,21 @@ class Gateway:
             overload=overload,
         )
         self.watchers = Watchers(self.state)
+        fleet_cfg = config.fleet
+        if fleet is None and fleet_cfg is not None:
+            from shuniu.core.fleet.redis import RedisTransport
+
+            fleet = RedisTransport(fleet_cfg)
+        self.fleet: FleetSync | None = None
+        """This gateway's share of the fleet's routing state (``fleet:``), or ``None``."""
+        if fleet is not None:
+            fleet_cfg = fleet_cfg or FleetConfig()
+            self.fleet = FleetSync(
+                fleet,
+                lambda: self.state.pools,
+                interval_s=fleet_cfg.sync_interval_s,
+                stale_after_s=fleet_cfg.stale_after_s,
+            )
         self.operations = Operations(self.state, builder, self.watchers)
         self._builder = builder
         self.hardware = HardwareReadings(plugins)
@@ -100,7 +122,7 @@ class Gateway:
         )
         if degrades:
             recorder.add(overload.observe)
-        self.metrics = GatewayMetrics(self.state, self.hardware) if gw.metrics else None
+        self.metrics = GatewayMetrics(self.state, self.hardware, self.fleet) if gw.metrics else None
         if self.metrics is not None:
             recorder.add(self.metrics.observe)
         self.access_log = AccessLog(gw.access_log) if gw.access_log is not None else None
@@ -109,6 +131,8 @@ class Gateway:
         self.status = StatusWindow(self.state.pools)
         """Recent requests per model, for the status page."""
         recorder.add(self.status.observe)
+        self.worker = worker
+        peers = Peers(worker) if worker is not None else None
         self.path = RequestPath(
             self.state, Intake(gw, pass_trace=self.tracing is None), recorder, self.tracing
         )
@@ -123,8 +147,10 @@ class Gateway:
             extra_routes=list(extra_routes),
             on_startup=self.start,
             on_shutdown=self.stop,
+            peers=peers,
+            fleet=self.fleet,
         )
-        self.app = Dispatch(self.path, self.litestar)
+        self.app = Dispatch(self.path, self.litestar, peers)
         """The ASGI application to serve."""
 
     # -- what the CLI, the simulator and tests read ---------------------------------------
@@ -189,6 +215,8 @@ class Gateway:
             pool.learn_max_model_len()
             for endpoint in pool.endpoints:
                 self.watchers.watch(pool, endpoint)
+        if self.fleet is not None:
+            await self.fleet.start()
         for fn in self.plugins.hook_functions("gateway_startup"):
             result = fn(gateway=self)
             if inspect.isawaitable(result):
@@ -212,6 +240,8 @@ class Gateway:
             except Exception:
                 log.exception("a gateway_shutdown hook failed")
         await self.watchers.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         results = await asyncio.gather(
             *(e.backend.stop() for p in state.pools.values() for e in p.endpoints), return_exceptions=True
         )

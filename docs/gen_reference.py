@@ -53,6 +53,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.timeouts", config.TimeoutsConfig),
     ("models.<name>.retries", config.RetryConfig),
     ("models.<name>.outlier", config.OutlierConfig),
+    ("fleet", config.FleetConfig),
     ("gateway.access_log", config.AccessLogConfig),
     ("gateway.tracing", config.TracingConfig),
     ("auth", config.AuthConfig),

@@ -44,6 +44,7 @@ __all__ = [
     "Deployment",
     "EndpointConfig",
     "FilterConfig",
+    "FleetConfig",
     "GatewayConfig",
     "HealthConfig",
     "LaunchConfig",
@@ -100,6 +101,11 @@ class GatewayConfig(_Strict):
     """Address to listen on. Use 0.0.0.0 (or ::) to accept connections from other hosts."""
     port: int = Field(8000, ge=0, le=65535)
     """TCP port; 0 picks a free one."""
+    workers: int = Field(1, ge=1, le=64)
+    """Gateway processes on this host sharing the port (``SO_REUSEPORT``), supervised: a
+    dead worker is restarted, ``SIGTERM`` drains them all (``docs/scaling.md``). Each has its
+    own scheduler queue and balancer state; ``/metrics`` and ``/status.json`` cover them
+    all. Needs rate limits in Redis when any are set, and no launched engines."""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """Largest request body accepted; bigger ones get 413."""
     graceful_shutdown_s: float = Field(30.0, ge=0)
@@ -599,6 +605,33 @@ class CacheConfig(_Strict):
         return value.lower()
 
 
+class FleetConfig(_Strict):
+    """Routing state shared by the gateways of a fleet (several hosts, or the workers of
+    one) through Redis: which endpoint was sent which prompt blocks (prefix affinity holds
+    across gateways) and every gateway's requests in flight per endpoint (load balancing
+    sees the others' traffic at once, not a poll later). Nothing is asked of Redis per
+    request: each gateway publishes what it did and reads what the others did in one round
+    trip every ``sync_interval_s`` (``docs/scaling.md``)."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """The Redis to share through (``redis://``, ``rediss://``, ``unix://``; the password
+    never appears in logs)."""
+    key_prefix: str = "shuniu:fleet:"
+    """Put before the fleet's keys; gateways with one prefix (and one Redis) are one fleet."""
+    sync_interval_s: float = Field(0.1, gt=0, le=10)
+    """How often each gateway publishes and reads: with the Redis round trip, how stale
+    another gateway's decisions can be."""
+    stale_after_s: float = Field(2.0, gt=0)
+    """A gateway not heard from for this long stops counting (its requests in flight drop
+    out of the others' load view): a gateway that died is forgotten within this."""
+    max_entries: int = Field(20_000, ge=100)
+    """Published batches Redis keeps (older ones are trimmed); a gateway that starts reads
+    them, so it starts with the fleet's prefix knowledge."""
+    timeout_s: float = Field(0.5, gt=0)
+    """Longest a sync may wait for Redis; a slower one counts as Redis being unavailable
+    (routing goes on from the local view)."""
+
+
 class Deployment(_Strict):
     """A whole shuniu deployment."""
 
@@ -614,6 +647,9 @@ class Deployment(_Strict):
     this process's memory."""
     cache: CacheConfig | None = None
     """The response cache. Without it nothing is cached."""
+    fleet: FleetConfig | None = None
+    """Routing state shared with the fleet's other gateways through Redis. Without it each
+    gateway (and each worker) routes on what it alone has seen."""
     models: dict[str, ModelConfig] = Field(min_length=1)
     """Model name → model. The name is what clients put in ``model``."""
 

@@ -31,6 +31,7 @@ from shuniu.core.contracts.cache import CacheStore
 from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.commands import CommandGroup
 from shuniu.core.contracts.conformance import conform, optional
+from shuniu.core.contracts.fleet import SharedIndex
 from shuniu.core.contracts.hardware import DeviceReading, HardwareProbe, ProbeReport
 from shuniu.core.contracts.ratelimit import Decision, Lease, Rate, RateLimitStore
 from shuniu.core.contracts.registration import (
@@ -105,6 +106,7 @@ __all__ = [
     "SchedulerFactory",
     "Scorer",
     "ScorerFactory",
+    "SharedIndex",
     "Ticket",
     "conform",
     "optional",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from shuniu.core.contracts.conformance import optional
+from shuniu.core.contracts.fleet import SharedIndex
 from shuniu.core.contracts.views import EndpointView
 from shuniu.core.types import InferenceRequest
 
@@ -28,6 +29,12 @@ class Balancer(Protocol):
         """Return one of ``endpoints`` (never empty), or ``None`` to let the request wait
         for another slot."""
         ...
+
+    @optional
+    def shared_index(self) -> SharedIndex | None:
+        """Optional: the balancer's prefix index, shared with the fleet's other gateways
+        when the deployment has ``fleet:`` (:class:`SharedIndex`). Default ``None``."""
+        return None
 
 
 @runtime_checkable
@@ -52,4 +59,9 @@ class Scorer(Protocol):
     def picked(self, req: InferenceRequest, endpoint: EndpointView) -> None:
         """Optional: ``endpoint`` was chosen for ``req`` (a scorer with memory, e.g. of
         prefixes, records it). The default does nothing."""
+        return None
+
+    @optional
+    def shared_index(self) -> SharedIndex | None:
+        """Optional: as :meth:`Balancer.shared_index`, for a scorer with a prefix index."""
         return None

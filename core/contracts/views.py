@@ -34,6 +34,11 @@ class EndpointView(Protocol):
     """Requests this gateway dispatched to it and has not seen finish (always current)."""
     in_flight_tokens: int
     """Prompt plus expected output tokens of those requests."""
+    remote_in_flight: int
+    """Requests the fleet's other gateways have in flight on it (``fleet:``), at most one
+    sync interval old; 0 without a fleet."""
+    remote_tokens: int
+    """Their prompt plus expected output tokens."""
     limit: int
     """Current concurrency limit (0: none)."""
     healthy: bool

@@ -9,7 +9,9 @@ the inference handlers too, so both paths behave alike.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -29,7 +31,9 @@ from shuniu.core.api.wire import (
     Wire,
 )
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
+from shuniu.core.fleet import FleetSync
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
+from shuniu.core.http.fleet import LOCAL, Peers, decode_status, merge_metrics, merge_status
 from shuniu.core.observability.hardware import HardwareReadings
 from shuniu.core.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shuniu.core.observability.metrics import GatewayMetrics
@@ -49,6 +53,8 @@ log = logging.getLogger("shuniu.gateway")
 _encode = msgspec.json.Encoder().encode
 
 
+_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
 POOLING_ROUTES: dict[str, tuple[Api, Wire]] = {
     "/v1/embeddings": ("embeddings", EMBEDDINGS),
     "/v1/rerank": ("rerank", RERANK),
@@ -60,13 +66,15 @@ POOLING_ROUTES: dict[str, tuple[Api, Wire]] = {
 
 class Dispatch:
     """The ASGI entry point: the inference routes go straight to the request path;
-    everything else (and the lifespan) is the Litestar app."""
+    everything else (and the lifespan) is the Litestar app. With ``peers`` (one worker of
+    several), an admin change is applied by every worker before it is answered."""
 
-    __slots__ = ("hot", "litestar", "path")
+    __slots__ = ("hot", "litestar", "path", "peers")
 
-    def __init__(self, path: RequestPath, litestar: Litestar) -> None:
+    def __init__(self, path: RequestPath, litestar: Litestar, peers: Peers | None = None) -> None:
         self.path = path
         self.litestar = litestar
+        self.peers = peers
         self.hot: dict[str, tuple[Api, Wire]] = {
             "/v1/chat/completions": ("chat", OPENAI),
             "/v1/completions": ("completions", OPENAI),
@@ -84,7 +92,50 @@ class Dispatch:
                 except Exception as exc:  # a bug, not a client error: still no traceback out
                     await internal_error(send, scope, exc)
                 return
+            if (
+                self.peers is not None
+                and scope["method"] in _CHANGES
+                and scope["path"].startswith("/admin/")
+                and not any(k == LOCAL for k, _ in scope["headers"])
+            ):
+                await self._everywhere(self.peers, scope, receive, send)
+                return
         await self.litestar(scope, receive, send)
+
+    async def _everywhere(self, peers: Peers, scope: Scope, receive: Receive, send: Send) -> None:
+        """An admin change: applied here, then (when it succeeded) by every other worker,
+        then answered with this worker's answer."""
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return {"type": "http.disconnect"}
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        held: list[dict[str, Any]] = []
+
+        async def hold(message: dict[str, Any]) -> None:
+            held.append(message)
+
+        await self.litestar(scope, replay, hold)
+        status = next((m["status"] for m in held if m["type"] == "http.response.start"), 500)
+        if status < 400:
+            query = scope.get("query_string", b"")
+            target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
+            await peers.ask_all(scope["method"], target, scope["headers"], body)
+        for message in held:
+            await send(message)
 
 
 def build_app(
@@ -99,6 +150,8 @@ def build_app(
     extra_routes: Sequence[Any],
     on_startup: Callable[[], Awaitable[None]],
     on_shutdown: Callable[[], Awaitable[None]],
+    peers: Peers | None = None,
+    fleet: FleetSync | None = None,
 ) -> Litestar:
     """The Litestar app of one gateway. ``extra_routes`` are more route handlers to serve
     (the simulator server's ``/metrics``, which then replaces the gateway's own)."""
@@ -160,7 +213,13 @@ def build_app(
             return _bytes_response(request, err.status, err.body(), err.headers)
         if state.config.gateway.metrics_hardware:
             await hardware.snapshot()
-        return Response(metrics.render(), status_code=200, media_type=METRICS_CONTENT_TYPE)
+        page = metrics.render()
+        headers = request.scope["headers"]
+        if peers is not None and not any(k == LOCAL for k, _ in headers):
+            answers = await peers.ask_all("GET", "/metrics", headers)
+            pages = [(peers.worker.index, page), *((i, b) for i, s, b in filter(None, answers) if s == 200)]
+            page = merge_metrics(pages)
+        return Response(page, status_code=200, media_type=METRICS_CONTENT_TYPE)
 
     openapi_body = _encode(openapi_document())
 
@@ -205,6 +264,26 @@ def build_app(
         full = admin or state.config.gateway.readiness_details == "public"
         ok, body = readiness(state) if full else readiness_summary(state)
         data = status_json(ok, body, status, auth=state.auth_enabled)
+        if fleet is not None:
+            data["fleet"] = fleet.status(asyncio.get_running_loop().time())
+        headers = request.scope["headers"]
+        if peers is not None:
+            data["pid"] = os.getpid()
+            if not any(k == LOCAL for k, _ in headers):
+                answers = await peers.ask_all("GET", "/status.json", headers)
+                others = [
+                    (i, d)
+                    for i, s, b in filter(None, answers)
+                    if s == 200 and (d := decode_status(b)) is not None
+                ]
+                data = merge_status(data, peers.worker.index, others)
+                answered = {w["index"] for w in data["workers"]}
+                data["workers"] += [
+                    {"index": i, "pid": None, "ready": False, "answered": False}
+                    for i in range(peers.worker.count)
+                    if i not in answered
+                ]
+                data["workers"].sort(key=lambda w: w["index"])
         return _bytes_response(request, 200, _encode(data), {"cache-control": "no-store"})
 
     # A server that brings its own /metrics (the simulator's fake vLLM) keeps it.

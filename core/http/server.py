@@ -5,26 +5,32 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from shuniu.core.gateway import Gateway
 from shuniu.core.http.guard import guarded_protocol
+from shuniu.core.http.workers import SUPERVISOR_ENV, WorkerInfo, end_with_supervisor
 
 __all__ = ["bind_socket", "is_loopback", "run_gateway"]
 
 log = logging.getLogger("shuniu.server")
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket with TCP_NODELAY set (Linux hands it to accepted sockets)."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening socket with TCP_NODELAY set (Linux hands it to accepted sockets);
+    ``reuse_port``: with ``SO_REUSEPORT``, so the workers of one gateway share the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if family == socket.AF_INET6 and host in ("::", "[::]"):
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -60,6 +66,15 @@ class _Server(uvicorn.Server):
             captured.clear()
 
 
+def _unix_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path.unlink(missing_ok=True)  # a restarted worker's predecessor left it
+    sock.bind(str(path))
+    sock.listen(256)
+    sock.setblocking(False)
+    return sock
+
+
 def run_gateway(
     gateway: Gateway,
     host: str,
@@ -67,10 +82,15 @@ def run_gateway(
     *,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "warning",
+    worker: WorkerInfo | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish
-    within ``gateway.graceful_shutdown_s``."""
-    sock = bind_socket(host, port)
+    within ``gateway.graceful_shutdown_s``. A ``worker`` of a supervised gateway shares the
+    port with the others and serves on its Unix socket too (the others gather from it)."""
+    if worker is not None and (supervisor := os.environ.get(SUPERVISOR_ENV)):
+        end_with_supervisor(int(supervisor))
+    sock = bind_socket(host, port, reuse_port=worker is not None)
+    sockets = [sock]
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(
         gateway.app,
@@ -91,7 +111,10 @@ def run_gateway(
     server = _Server(config, gateway)
 
     async def main() -> None:
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        if worker is not None:
+            # Bound last: its existence tells the supervisor this worker is listening.
+            sockets.append(_unix_socket(worker.socket()))
+        serving = asyncio.create_task(server.serve(sockets=sockets))
         # uvicorn has no start-up callback; poll its flag (start-up only, never per request).
         while not server.started and not serving.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)

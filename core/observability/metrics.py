@@ -174,7 +174,9 @@ class GatewayMetrics:
     prometheus_client's own metric objects cost ~15 µs per request here (a lock and label
     handling per update)."""
 
-    def __init__(self, view: StateView, hardware: HardwareReadings) -> None:
+    def __init__(self, view: StateView, hardware: HardwareReadings, fleet: Any = None) -> None:
+        """``fleet``: the gateway's :class:`~shuniu.core.fleet.FleetSync` (``fleet:``), whose
+        state is exported as ``shuniu_fleet_*``."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = _CounterFamily(
             "shuniu_requests",
@@ -217,7 +219,7 @@ class GatewayMetrics:
             ["model", "tier"],
         )
         self.registry.register(_RequestCollector(self))
-        self.registry.register(_LiveCollector(view, hardware))
+        self.registry.register(_LiveCollector(view, hardware, fleet))
         self._status: dict[int, str] = {}
 
     def observe(self, record: RequestRecord) -> None:
@@ -290,9 +292,10 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 class _LiveCollector(Collector):
     """Reads the gateway's state at scrape time."""
 
-    def __init__(self, view: StateView, hardware: HardwareReadings) -> None:
+    def __init__(self, view: StateView, hardware: HardwareReadings, fleet: Any = None) -> None:
         self.view = view
         self.hardware = hardware
+        self.fleet = fleet
 
     def describe(self) -> Iterable[Metric]:
         return []  # the metric set depends on what the deployment uses
@@ -384,7 +387,30 @@ class _LiveCollector(Collector):
         yield from self._degradation()
         yield from self._engines()
         yield from self._cache()
+        yield from self._fleet()
         yield from self._hardware()
+
+    def _fleet(self) -> Iterable[Metric]:
+        fleet = self.fleet
+        if fleet is None:
+            return
+        degraded = _gauge("shuniu_fleet_degraded", "1 while the fleet's store cannot be reached.", [])
+        degraded.add_metric([], 1 if fleet.degraded else 0)
+        peers = _gauge("shuniu_fleet_peers", "Other gateways of the fleet heard from recently.", [])
+        peers.add_metric([], len(fleet.status(0.0)["peers"]))
+        syncs = CounterMetricFamily("shuniu_fleet_syncs", "Exchanges with the fleet's store.")
+        syncs.add_metric([], fleet.syncs)
+        failures = CounterMetricFamily("shuniu_fleet_sync_failures", "Exchanges that failed.")
+        failures.add_metric([], fleet.failures)
+        remote = _gauge(
+            "shuniu_fleet_remote_in_flight_requests",
+            "Requests the fleet's other gateways have in flight on the endpoint.",
+            ["model", "endpoint"],
+        )
+        for name, pool in self.view.pools.items():
+            for e in pool.endpoints:
+                remote.add_metric([name, e.name], e.remote_in_flight)
+        yield from (degraded, peers, syncs, failures, remote)
 
     def _degradation(self) -> Iterable[Metric]:
         monitor = self.view.overload

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shuniu.core.contracts import Filter, Scorer
+from shuniu.core.contracts import Filter, Scorer, SharedIndex
 from shuniu.core.pools.pool import EndpointState
 from shuniu.core.types import InferenceRequest
 
@@ -55,3 +55,11 @@ class Composite:
         for scorer, _ in self.scorers:
             scorer.picked(req, best)
         return best
+
+    def shared_index(self) -> SharedIndex | None:
+        """The first scorer's shared prefix index (the ``prefix`` scorer's)."""
+        for scorer, _ in self.scorers:
+            index = scorer.shared_index()
+            if index is not None:
+                return index
+        return None

@@ -40,18 +40,21 @@ DEFAULT_WEIGHTS = LoadWeights()
 def load_score(e: EndpointView, w: LoadWeights = DEFAULT_WEIGHTS) -> float:
     """Outstanding work on ``e`` in request units; lower is less loaded. O(1), no allocation."""
     score = e.in_flight + e.in_flight_tokens / w.tokens_per_request
+    # The fleet's other gateways' requests on it, as they published them (current to a sync
+    # interval), or as the engine's snapshot shows them, whichever sees more.
+    remote = e.remote_in_flight + e.remote_tokens / w.tokens_per_request if e.remote_in_flight else 0.0
     snap = e.load
     fw = e.load_weight
     if snap is not None and fw > 0.0:
         # Requests the engine has that this gateway did not send (other gateways).
         foreign = snap.running + snap.waiting - e.in_flight
-        if foreign > 0:
-            score += fw * foreign
+        if foreign > 0 and fw * foreign > remote:
+            remote = fw * foreign
         score += fw * w.waiting * snap.waiting
         kv = snap.kv_usage
         if kv is not None and kv > w.kv_knee:
             score += fw * w.kv * (kv - w.kv_knee) / (1.0 - w.kv_knee)
-    return score
+    return score + remote
 
 
 def freshness(age: float, stale_after: float) -> float:

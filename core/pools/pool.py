@@ -52,6 +52,8 @@ class EndpointState:
         "load_weight",
         "max_concurrency",
         "name",
+        "remote_in_flight",
+        "remote_tokens",
         "version",
         "weight",
         "window_failures",
@@ -84,6 +86,10 @@ class EndpointState:
         self.in_flight = 0
         self.in_flight_tokens = 0
         """Prompt + expected output tokens of the requests dispatched and not yet finished."""
+        self.remote_in_flight = 0
+        """The fleet's other gateways' requests in flight on it, as they last published
+        (``fleet:``; 0 without one)."""
+        self.remote_tokens = 0
         self.healthy = True
         self.draining = False
         self.last_health_detail = ""

@@ -9,6 +9,8 @@ so two prompts share block *i*'s hash only if they share everything up to it.
 
 from __future__ import annotations
 
+from zlib import adler32, crc32
+
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["prefix_hashes"]
@@ -28,9 +30,14 @@ def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) ->
             h = hash((h, tuple(ids[start : start + block])))
             out.append(h)
     else:
-        text = req.prompt
-        for start in range(0, len(text) - block + 1, block):
-            h = hash((h, text[start : start + block]))
+        # Text is checksummed, not hash()ed: str hashes differ between processes, and the
+        # gateways of a fleet must agree on a block's hash (ints and tuples of ints hash
+        # the same everywhere).
+        data = req.prompt.encode()
+        size = len(data)
+        for start in range(0, size - block + 1, block):
+            piece = data[start : start + block]
+            h = hash((h, crc32(piece), adler32(piece)))
             out.append(h)
     req.prefix_hashes = out
     req.prefix_block = block

@@ -33,7 +33,7 @@ class PrefixOptions(Options):
     """How prompts are cut into blocks and how much is remembered."""
 
     block_chars: int = Field(256, ge=16)
-    """Block size in characters of the prompt text (used when token ids are unknown, i.e.
+    """Block size in bytes of the prompt text, UTF-8 (used when token ids are unknown, i.e.
     for ordinary text requests); about 64 tokens of English."""
     block_tokens: int = Field(16, ge=1)
     """Block size in tokens, for requests that carry token ids (the simulator, completions
@@ -117,6 +117,9 @@ class PrefixAffinity(Balancer):
         self.index.record(hashes, chosen)
         return chosen
 
+    def shared_index(self) -> PrefixIndex:
+        return self.index
+
 
 class PrefixScorer(Scorer):
     """Scores each candidate by the share of the prompt's blocks it is known to hold (0..1)."""
@@ -138,6 +141,9 @@ class PrefixScorer(Scorer):
     def picked(self, req: InferenceRequest, endpoint: EndpointView) -> None:
         o = self.options
         self.index.record(prefix_hashes(req, o.block_chars, o.block_tokens), endpoint)
+
+    def shared_index(self) -> PrefixIndex:
+        return self.index
 
 
 @hookimpl

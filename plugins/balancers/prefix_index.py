@@ -20,11 +20,22 @@ __all__ = ["PrefixIndex"]
 class PrefixIndex:
     """Block hash → endpoints that hold it (a bit per endpoint index), least recent first."""
 
-    __slots__ = ("_table", "max_blocks")
+    __slots__ = ("_table", "max_blocks", "outbox")
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
         self._table: OrderedDict[int, int] = OrderedDict()
+        self.outbox: list[tuple[int, Sequence[int]]] | None = None
+        """What was recorded since the fleet's last sync (``None``: no fleet)."""
+
+    def share(self) -> None:
+        """Keep what is recorded for the fleet's other gateways (:class:`SharedIndex`)."""
+        if self.outbox is None:
+            self.outbox = []
+
+    def merge(self, endpoint: int, hashes: Sequence[int]) -> None:
+        """Another gateway sent ``hashes`` to local endpoint index ``endpoint``."""
+        self._record(hashes, 1 << endpoint)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -73,7 +84,11 @@ class PrefixIndex:
         """``endpoint`` now holds these blocks (it was sent the prompt)."""
         if not hashes:
             return
-        bit = 1 << endpoint.index
+        if self.outbox is not None:
+            self.outbox.append((endpoint.index, hashes))
+        self._record(hashes, 1 << endpoint.index)
+
+    def _record(self, hashes: Sequence[int], bit: int) -> None:
         table = self._table
         move = table.move_to_end
         for h in hashes:

@@ -59,6 +59,19 @@ def simulation_progress(console: Any, disable: bool) -> Any:
 @click.option("--model", default=None, help="Model of the deployment to send to (default: its first).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option(
+    "--gateways",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Gateways in front of the engines, taken by clients in turn.",
+)
+@click.option(
+    "--shared-state/--no-shared-state",
+    default=True,
+    show_default=True,
+    help="With --gateways: share routing state as a fleet does (fleet:), or route each alone.",
+)
+@click.option(
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -76,6 +89,8 @@ def simulate_command(
     model: str | None,
     as_json: bool,
     plot_path: Path | None,
+    gateways: int,
+    shared_state: bool,
 ) -> None:
     """Run a WORKLOAD against a DEPLOYMENT of simulated engines, in virtual time.
 
@@ -108,7 +123,15 @@ def simulate_command(
 
         try:
             result = simulate(
-                resolved, plugins, workload, duration=horizon, seed=seed, model=model, progress=progress
+                resolved,
+                plugins,
+                workload,
+                duration=horizon,
+                seed=seed,
+                model=model,
+                progress=progress,
+                gateways=gateways,
+                shared_state=shared_state,
             )
         except ConfigError as exc:
             _report(exc)

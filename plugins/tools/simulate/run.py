@@ -51,7 +51,7 @@ def _slo_of(workload: Any) -> dict[str, float] | None:
 
 
 async def _run(
-    gateway: Any,
+    gateways: list[Any],
     requests: Iterator[Any],
     default_model: str,
     slo: Any,
@@ -60,11 +60,15 @@ async def _run(
     drain_s: float,
 ) -> None:
     loop = asyncio.get_running_loop()
-    await gateway.start()
-    pools: dict[str, Pool] = gateway.routes
+    for gw in gateways:
+        await gw.start()
+    gateway = gateways[0]
     inflight: set[asyncio.Task[None]] = set()
 
     async def one(spec: Any, n: int) -> None:
+        # Clients spread over the gateways in turn (as a load balancer in front would).
+        gateway = gateways[n % len(gateways)]
+        pools: dict[str, Pool] = gateway.routes
         model = getattr(spec, "model", None) or default_model
         pool = pools[model]
         now = loop.time()
@@ -174,7 +178,7 @@ async def _run(
             result.prefix_hits += core.prefix_hits
             result.preemptions += core.preemptions
             result.itl.merge(core.itl)
-            result.per_endpoint[ep.name] = {
+            result.per_endpoint[ep.name] = {  # the engines are shared: gateway 0's view
                 "completed": core.completed,
                 "generated_tokens": core.generated_tokens,
                 "prefix_hit_rate": core.prefix_hits / core.prefix_queries if core.prefix_queries else 0.0,
@@ -186,7 +190,8 @@ async def _run(
                 for what, hist in zip(("ttft", "e2e"), served, strict=True):
                     result.per_endpoint[ep.name][f"{what}_p50"] = hist.quantile(0.5)
                     result.per_endpoint[ep.name][f"{what}_p99"] = hist.quantile(0.99)
-    await gateway.stop()
+    for gw in gateways:
+        await gw.stop()
 
 
 def simulate(
@@ -199,8 +204,13 @@ def simulate(
     model: str | None = None,
     progress: Callable[[float, int], None] | None = None,
     drain_s: float = 600.0,
+    gateways: int = 1,
+    shared_state: bool = True,
 ) -> SimulationResult:
-    """Run ``workload`` against the deployment in virtual time and measure it."""
+    """Run ``workload`` against the deployment in virtual time and measure it. With
+    ``gateways`` above 1, that many gateways share the engines, clients take them in turn,
+    and (``shared_state``) they share routing state as a fleet does (``fleet:``)."""
+    from shuniu.core.fleet import MemoryHub
     from shuniu.core.gateway import Gateway
 
     _check_sim_only(resolved)
@@ -211,13 +221,23 @@ def simulate(
 
     async def main() -> None:
         # Built inside the virtual loop so every timer the gateway creates lives on it.
-        gateway = Gateway(resolved, plugins)
+        hub = MemoryHub() if gateways > 1 and shared_state else None
+        built = [
+            Gateway(resolved, plugins, fleet=hub.transport() if hub is not None else None)
+            for _ in range(gateways)
+        ]
+        gateway = built[0]
+        for other in built[1:]:
+            # One set of engines behind every gateway, as in a real fleet.
+            for name, pool in other.pools.items():
+                for mine, theirs in zip(pool.endpoints, gateway.pools[name].endpoints, strict=True):
+                    mine.backend = theirs.backend
         if default_model not in gateway.routes:
             raise ConfigError(
                 [Problem("--model", f"the deployment has no model {default_model!r}")], resolved.source
             )
         await _run(
-            gateway,
+            built,
             workload.requests(seed=seed, duration=duration),
             default_model,
             workload.slo,

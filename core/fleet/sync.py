@@ -1,0 +1,227 @@
+"""Routing state shared by the gateways of a fleet, kept in step off the request path.
+
+Every ``sync_interval_s`` each gateway sends one :class:`FleetBatch` — the prefix blocks its
+balancers recorded since the last sync (each pool's :class:`~shuniu.core.contracts.SharedIndex`,
+by endpoint name), and its requests and tokens in flight per endpoint — and in the same
+round trip reads the batches the others sent. Their blocks are merged into the local
+indexes (so a conversation started through one gateway finds its engine through another),
+and their in-flight counts become each endpoint's ``remote_in_flight`` and
+``remote_tokens`` (so the load view counts the others' traffic at once instead of a poll
+later). Requests never wait for it: balancers read the local view, at most one interval
+plus one round trip behind the fleet.
+
+When the fleet's store cannot be reached, each gateway routes on its local state (said once
+in the log; ``degraded`` in ``/status.json``) and picks up again when it is back. A gateway
+that stops publishing drops out of the others' counts after ``stale_after_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from shuniu.core.fleet.hub import FleetTransport
+from shuniu.core.pools.pool import Pool
+
+__all__ = ["FleetBatch", "FleetSync"]
+
+log = logging.getLogger("shuniu.fleet")
+
+
+class FleetBatch(msgspec.Struct, array_like=True):
+    """What one gateway says in one sync."""
+
+    gateway: str
+    sent: float
+    """The sender's wall clock (old batches read at start-up carry no current counts)."""
+    inflight: dict[str, dict[str, tuple[int, int]]]
+    """Pool → endpoint → (requests, tokens) in flight from this gateway."""
+    prefixes: list[tuple[str, str, list[int]]]
+    """(pool, endpoint, block hashes) sent since the last batch."""
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(FleetBatch).decode
+
+
+def gateway_id() -> str:
+    """This process's name in the fleet: host, pid and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class FleetSync:
+    """One gateway's share of the fleet's routing state."""
+
+    def __init__(
+        self,
+        transport: FleetTransport,
+        pools: Callable[[], Mapping[str, Pool]],
+        *,
+        interval_s: float,
+        stale_after_s: float,
+        name: str | None = None,
+    ) -> None:
+        self.transport = transport
+        self._pools = pools
+        self.interval_s = interval_s
+        self.stale_after_s = stale_after_s
+        self.name = name or gateway_id()
+        self._cursor: Any = None
+        self._peers: dict[str, tuple[float, dict[str, dict[str, tuple[int, int]]]]] = {}
+        """Gateway → (when its last batch arrived, loop time; its in-flight counts)."""
+        self._task: asyncio.Task[None] | None = None
+        self._last_inflight: dict[str, dict[str, tuple[int, int]]] | None = None
+        self._last_sent = 0.0
+        self.degraded = False
+        self.syncs = 0
+        self.failures = 0
+        self.merged_blocks = 0
+        self.published_blocks = 0
+        self.last_sync = 0.0
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._share()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="shuniu-fleet-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self.transport.close()
+
+    async def _run(self) -> None:
+        while True:
+            await self.sync_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def sync_once(self) -> bool:
+        """One exchange with the fleet; ``False`` when its store could not be reached."""
+        loop = asyncio.get_running_loop()
+        pools = self._pools()
+        self._share()
+        batch = self._outgoing(pools, loop.time())
+        try:
+            async with asyncio.timeout(max(self.interval_s * 5, 1.0)):
+                self._cursor, incoming = await self.transport.exchange(batch, self._cursor)
+        except Exception as exc:  # any failure of the store: route on the local view
+            self.failures += 1
+            if not self.degraded:
+                self.degraded = True
+                log.warning("the fleet's store cannot be reached (%s); routing on local state", exc)
+            self._apply_inflight(pools, loop.time())
+            return False
+        if self.degraded:
+            self.degraded = False
+            log.warning("the fleet's store is reachable again; sharing routing state")
+        now = loop.time()
+        self._apply(pools, incoming, now)
+        self._apply_inflight(pools, now)
+        self.syncs += 1
+        self.last_sync = now
+        return True
+
+    # -- out ------------------------------------------------------------------------------
+
+    def _share(self) -> None:
+        for pool in self._pools().values():
+            index = pool.balancer.shared_index()
+            if index is not None:
+                index.share()
+
+    def _outgoing(self, pools: Mapping[str, Pool], now: float) -> bytes:
+        prefixes: list[tuple[str, str, list[int]]] = []
+        for name, pool in pools.items():
+            index = pool.balancer.shared_index()
+            if index is None or not index.outbox:
+                continue
+            entries, index.outbox = index.outbox, []
+            names = {e.index: e.name for e in pool.endpoints}
+            seen: set[tuple[int, int]] = set()
+            for i in range(len(entries) - 1, -1, -1):  # newest first: one per chain and endpoint
+                ep, hashes = entries[i]
+                key = (ep, hashes[-1])
+                if key in seen or ep not in names:
+                    continue
+                seen.add(key)
+                prefixes.append((name, names[ep], list(hashes)))
+                self.published_blocks += len(hashes)
+        inflight = {
+            name: {e.name: (e.in_flight, e.in_flight_tokens) for e in pool.endpoints if e.in_flight}
+            for name, pool in pools.items()
+        }
+        inflight = {k: v for k, v in inflight.items() if v}
+        heartbeat = now - self._last_sent >= self.stale_after_s / 3
+        if not prefixes and inflight == self._last_inflight and not heartbeat:
+            return b""
+        self._last_inflight = inflight
+        self._last_sent = now
+        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes))
+
+    # -- in -------------------------------------------------------------------------------
+
+    def _apply(self, pools: Mapping[str, Pool], incoming: Sequence[bytes], now: float) -> None:
+        wall = time.time()
+        for raw in incoming:
+            try:
+                batch = _decode(raw)
+            except msgspec.DecodeError:
+                continue  # another version's, or not ours
+            if batch.gateway == self.name:
+                continue
+            if wall - batch.sent <= self.stale_after_s:
+                self._peers[batch.gateway] = (now, batch.inflight)
+            for pool_name, endpoint, hashes in batch.prefixes:
+                pool = pools.get(pool_name)
+                if pool is None or not hashes:
+                    continue
+                index = pool.balancer.shared_index()
+                if index is None:
+                    continue
+                for e in pool.endpoints:
+                    if e.name == endpoint:
+                        index.merge(e.index, hashes)
+                        self.merged_blocks += len(hashes)
+                        break
+
+    def _apply_inflight(self, pools: Mapping[str, Pool], now: float) -> None:
+        for gw, (seen, _) in list(self._peers.items()):
+            if now - seen > self.stale_after_s:
+                del self._peers[gw]
+        for name, pool in pools.items():
+            for e in pool.endpoints:
+                requests = tokens = 0
+                for _, counts in self._peers.values():
+                    got = counts.get(name, {}).get(e.name)
+                    if got is not None:
+                        requests += got[0]
+                        tokens += got[1]
+                e.remote_in_flight = requests
+                e.remote_tokens = tokens
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        """For ``/status.json``: this gateway's name, the others heard from, whether the
+        store is reachable, and how long ago the last sync was."""
+        return {
+            "gateway": self.name,
+            "peers": sorted(self._peers),
+            "degraded": self.degraded,
+            "last_sync_s": round(now - self.last_sync, 3) if self.last_sync else None,
+            "published_blocks": self.published_blocks,
+            "merged_blocks": self.merged_blocks,
+        }

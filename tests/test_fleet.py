@@ -1,0 +1,286 @@
+"""Routing state shared by the gateways of a fleet (``fleet:``): what one gateway's
+balancer records reaches the others, every gateway's requests in flight count in the
+others' load view, a gateway that stops is forgotten, a store that is down degrades to
+local routing and recovers; in virtual time, three gateways in front of four simulated
+H200s keep one gateway's prefix hit rate and tail latency; and with a real Redis, two
+gateway processes share prefixes that engines' own counters confirm."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.fleet import MemoryHub
+from shuniu.core.gateway import Gateway
+from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.pools.load import load_score
+from shuniu.core.types import InferenceRequest
+from tests.conftest import GatewayProcess, start_gateway, start_process, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DEPLOYMENT = """
+models:
+  chat:
+    balancer: {policy: prefix_affinity, options: {block_chars: 16}}
+    endpoints:
+      - {kind: sim, replicas: 3, options: {ttft_ms: 0, tokens_per_s: 0}}
+"""
+
+
+def _gateway(fleet: Any) -> Gateway:
+    plugins = load_plugins()
+    return Gateway(load_deployment("d.yaml", plugins, text=DEPLOYMENT, env={}), plugins, fleet=fleet)
+
+
+def _req(prompt: str) -> InferenceRequest:
+    return InferenceRequest(id="r", api="completions", model="chat", body={}, prompt=prompt, prompt_tokens=10)
+
+
+class _Down:
+    """A store that cannot be reached."""
+
+    async def exchange(self, batch: bytes, cursor: Any) -> tuple[Any, list[bytes]]:
+        raise ConnectionError("connection refused")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_what_one_gateway_routes_the_others_know() -> None:
+    hub = MemoryHub()
+    a, b = _gateway(hub.transport()), _gateway(hub.transport())
+    assert a.fleet is not None and b.fleet is not None
+    pool_a, pool_b = a.pools["chat"], b.pools["chat"]
+    a.fleet._share()
+    b.fleet._share()
+    prompt = "the same long system prompt for everyone " * 4
+    chosen = pool_a.balancer.pick(_req(prompt), pool_a.endpoints)
+    assert chosen is not None
+    # Before a sync, b knows nothing of it: its pick is by load alone, anywhere.
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    for _ in range(6):  # every pick of b now goes where a sent the prompt
+        got = pool_b.balancer.pick(_req(prompt), pool_b.endpoints)
+        assert got is not None and got.name == chosen.name
+    assert b.fleet.merged_blocks > 0 and a.fleet.name in b.fleet.status(0.0)["peers"]
+
+
+async def test_the_others_requests_in_flight_count_in_the_load_view() -> None:
+    hub = MemoryHub()
+    a, b = _gateway(hub.transport()), _gateway(hub.transport())
+    assert a.fleet is not None and b.fleet is not None
+    busy = a.pools["chat"].endpoints[1]
+    busy.in_flight, busy.in_flight_tokens = 5, 2048
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    seen = b.pools["chat"].endpoints[1]
+    assert (seen.remote_in_flight, seen.remote_tokens) == (5, 2048)
+    assert load_score(seen) == pytest.approx(6.0)  # 5 requests + 2048 tokens (one request's worth)
+    others = [e for e in b.pools["chat"].endpoints if e is not seen]
+    pick = b.pools["chat"].balancer.pick(_req("x"), b.pools["chat"].endpoints)
+    assert pick in others
+    # a's requests end: the next sync says so.
+    busy.in_flight = busy.in_flight_tokens = 0
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert seen.remote_in_flight == 0
+
+
+async def test_a_gateway_that_stops_is_forgotten() -> None:
+    hub = MemoryHub()
+    a, b = _gateway(hub.transport()), _gateway(hub.transport())
+    assert a.fleet is not None and b.fleet is not None
+    a.pools["chat"].endpoints[0].in_flight = 3
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert b.pools["chat"].endpoints[0].remote_in_flight == 3
+    # a says nothing more (it died); b forgets what is older than its stale_after_s.
+    b.fleet.stale_after_s = 0.0
+    await b.fleet.sync_once()
+    assert b.pools["chat"].endpoints[0].remote_in_flight == 0 and not b.fleet.status(0.0)["peers"]
+
+
+async def test_a_store_that_is_down_degrades_to_local_routing(caplog: pytest.LogCaptureFixture) -> None:
+    down = _Down()
+    g = _gateway(down)
+    assert g.fleet is not None
+    g.fleet._share()
+    for _ in range(3):
+        assert await g.fleet.sync_once() is False
+    assert g.fleet.degraded and g.fleet.failures == 3
+    assert [r.message for r in caplog.records].count(
+        "the fleet's store cannot be reached (connection refused); routing on local state"
+    ) == 1
+    assert g.pools["chat"].balancer.pick(_req("hello"), g.pools["chat"].endpoints) is not None
+    g.fleet.transport = MemoryHub().transport()
+    assert await g.fleet.sync_once() is True and not g.fleet.degraded
+
+
+def test_three_gateways_keep_one_gateways_prefix_hits_in_virtual_time() -> None:
+    """The issue's experiment: the shared-prefix chat workload, four simulated H200s, near
+    the load where one prefix_affinity gateway still keeps its SLO."""
+    from shuniu.core.traffic import load_workload
+    from shuniu.plugins.tools.simulate import simulate
+
+    text = textwrap.dedent(
+        """
+        models:
+          chat:
+            balancer: {policy: prefix_affinity}
+            scheduler: {policy: fifo, options: {max_queue: 100000, max_wait_s: 600}}
+            endpoints:
+              - {kind: sim, replicas: 4, options: {hardware: h200, model: llama-3.1-8b}}
+        """
+    )
+    plugins = load_plugins()
+    resolved = load_deployment("fleet.yaml", plugins, text=text, env={})
+    workload = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml").scaled(4)
+    one = simulate(resolved, plugins, workload, duration=120, seed=0)
+    shared = simulate(resolved, plugins, workload, duration=120, seed=0, gateways=3)
+    alone = simulate(resolved, plugins, workload, duration=120, seed=0, gateways=3, shared_state=False)
+
+    def figures(r: Any) -> tuple[float, float]:
+        return r.prefix_hits / r.prefix_queries, r.ttft.quantile(0.99)
+
+    (hit1, p99_1), (hit3, p99_3), (hit0, p99_0) = figures(one), figures(shared), figures(alone)
+    print(f"\nhit rate / P99 TTFT: one {hit1:.4f} / {p99_1:.3f} s, three shared {hit3:.4f} / {p99_3:.3f} s, "
+          f"three alone {hit0:.4f} / {p99_0:.3f} s")  # fmt: skip
+    assert hit3 >= 0.97 * hit1
+    assert p99_3 <= 1.15 * p99_1
+    # Without sharing, each gateway learns a third of the prefixes: far fewer hits.
+    assert hit0 < hit3 - 0.05 and p99_0 > 2 * p99_3
+
+
+# -- two real gateway processes, a real Redis, three engines ---------------------------------
+
+
+@pytest.fixture
+def engines() -> Iterator[list[GatewayProcess]]:
+    import sys
+
+    started = []
+    for _ in range(3):
+        cmd = [
+            sys.executable,
+            "-m",
+            "shuniu.core",
+            "sim",
+            "serve",
+            "--port",
+            "0",
+            "--served-model-name",
+            "chat",
+        ]
+        started.append(start_process([*cmd, "--ttft-ms", "0", "--tokens-per-s", "0"], timeout=60))
+    yield started
+    for e in started:
+        e.stop()
+
+
+def _hits(engine: GatewayProcess) -> tuple[float, float]:
+    page = httpx.get(f"{engine.url}/metrics").text
+    values = {}
+    for line in page.splitlines():
+        for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+            if line.startswith(name):
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values.get("vllm:prefix_cache_queries_total", 0.0), values.get("vllm:prefix_cache_hits_total", 0.0)
+
+
+def _fleet_text(engines: list[GatewayProcess], redis_url: str | None) -> str:
+    fleet = f"fleet: {{redis_url: '{redis_url}', sync_interval_s: 0.05}}\n" if redis_url else ""
+    eps = "\n".join(f"      - {{kind: vllm, options: {{base_url: '{e.url}/v1'}}}}" for e in engines)
+    return f"""{fleet}models:
+  chat:
+    balancer: {{policy: prefix_affinity}}
+    load: {{interval_s: 0.1}}
+    endpoints:
+{eps}
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "alone"])
+def test_two_gateway_processes_share_prefixes_through_redis(
+    engines: list[GatewayProcess], redis_url: str, tmp_path: Path, shared: bool
+) -> None:
+    """Sixteen conversations start through gateway A and go on through gateway B, in front
+    of three engines. With the fleet's shared state, B sends each to the engine A chose,
+    and the engines' own prefix counters show the hits; alone, B places them by load, on
+    the right engine about one time in three."""
+    text = _fleet_text(engines, redis_url if shared else None)
+    a, b = (start_gateway(text, _dir(tmp_path / name)) for name in ("a", "b"))
+    try:
+        # One request of B's own first, so that B's placement by load differs from A's.
+        assert httpx.post(f"{b.url}/v1/completions", json=_ask("warm-up"), timeout=30).status_code == 200
+        systems = [f"You are assistant number {k}, and you answer briefly. " * 24 for k in range(16)]
+        for system in systems:
+            assert httpx.post(f"{a.url}/v1/completions", json=_ask(system), timeout=30).status_code == 200
+        if shared:
+            published = wait_until(lambda: _fleet(a)["published_blocks"])
+            wait_until(lambda: _fleet(b)["merged_blocks"] >= published)
+        before = [_hits(e) for e in engines]
+        for system in systems:
+            body = _ask(system + " And the user asks a second question.")
+            assert httpx.post(f"{b.url}/v1/completions", json=body, timeout=30).status_code == 200
+        after = [_hits(e) for e in engines]
+    finally:
+        a.stop()
+        b.stop()
+    queries = sum(x[0] - y[0] for x, y in zip(after, before, strict=True))
+    hits = sum(x[1] - y[1] for x, y in zip(after, before, strict=True))
+    rate = hits / queries
+    what = "shared" if shared else "alone"
+    print(f"\n{what}: the second turns' prefix hit rate {rate:.3f} ({hits:.0f}/{queries:.0f})")
+    if shared:
+        assert rate > 0.8
+    else:
+        assert rate < 0.6
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _ask(prompt: str) -> dict[str, Any]:
+    return {"model": "chat", "prompt": prompt, "max_tokens": 2}
+
+
+def _fleet(gw: GatewayProcess) -> dict[str, Any]:
+    return httpx.get(f"{gw.url}/status.json").json()["fleet"]  # type: ignore[no-any-return]
+
+
+def test_redis_going_away_degrades_to_local_routing_and_it_recovers(
+    redis_server_factory: Any, tmp_path: Path
+) -> None:
+    redis = redis_server_factory()
+    text = f"""
+fleet: {{redis_url: "{redis.url}", sync_interval_s: 0.05, timeout_s: 0.2}}
+models:
+  chat:
+    balancer: {{policy: prefix_affinity}}
+    endpoints:
+      - {{kind: sim, replicas: 2, options: {{ttft_ms: 0, tokens_per_s: 0}}}}
+"""
+    gw = start_gateway(text, tmp_path)
+    try:
+        wait_until(lambda: _fleet(gw)["last_sync_s"] is not None and not _fleet(gw)["degraded"])
+        redis.stop()
+        wait_until(lambda: _fleet(gw)["degraded"])
+        assert "shuniu_fleet_degraded 1.0" in httpx.get(f"{gw.url}/metrics").text
+        for i in range(5):  # requests never wait for the store
+            assert httpx.post(f"{gw.url}/v1/completions", json=_ask(f"q{i}"), timeout=10).status_code == 200
+        gw.output_containing("the fleet's store cannot be reached")
+        redis.start()
+        wait_until(lambda: not _fleet(gw)["degraded"], timeout=15)
+        assert "shuniu_fleet_degraded 0.0" in httpx.get(f"{gw.url}/metrics").text
+        gw.output_containing("the fleet's store is reachable again")
+    finally:
+        gw.stop()
