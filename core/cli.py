@@ -330,7 +330,86 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         Console(width=None if sys.stdout.isatty() else 240).print(table)
 
     manager.add_commands(cli)
+
+    @cli.command("fleet")
+    @click.option(
+        "--url",
+        default="http://127.0.0.1:8000",
+        envvar="SHUNIU_URL",
+        show_default=True,
+        help="A gateway's address (or set SHUNIU_URL).",
+    )
+    @click.option(
+        "--key",
+        envvar="SHUNIU_ADMIN_KEY",
+        default=None,
+        help="An API or admin key, when the gateway has authentication (or set SHUNIU_ADMIN_KEY).",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway.")
+    @click.pass_context
+    def fleet(ctx: click.Context, url: str, key: str | None, as_json: bool, timeout: float) -> None:
+        """Show a running gateway's workers and the fleet it shares routing state with
+        (fleet:), from its /status.json."""
+        try:
+            body = _fetch_json(url, "/status.json", timeout, key)
+        except (OSError, ValueError) as exc:
+            click.secho(f"cannot read {url.rstrip('/')}/status.json: {exc}", fg="red", err=True)
+            ctx.exit(1)
+        shared = body.get("fleet")
+        workers = body.get("workers")
+        if as_json:
+            click.echo(json.dumps({"url": url, "workers": workers, "fleet": shared}, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(width=None if sys.stdout.isatty() else 200)
+        if workers:
+            table = Table(title=f"workers of {url}")
+            for col in ("worker", "pid", "ready", "answering"):
+                table.add_column(col, no_wrap=True)
+            for w in workers:
+                table.add_row(str(w["index"]), _cell(w.get("pid")), "yes" if w.get("ready") else "no",
+                              "yes" if w.get("answered") else "[red]no[/]")  # fmt: skip
+            console.print(table)
+        if not shared:
+            console.print(f"{url}: no fleet (the deployment has no fleet: section)")
+            return
+        state = "[red]degraded: the store cannot be reached[/]" if shared["degraded"] else "[green]in sync[/]"
+        console.print(
+            f"{url} is {shared['gateway']}: {state}, last sync {_duration(shared.get('last_sync_s'))} ago"
+        )
+        table = Table(title=f"the fleet as {shared['gateway']} sees it")
+        for col in ("gateway", "version", "last heard", "in flight"):
+            table.add_column(col, no_wrap=True)
+        for peer in shared.get("peers") or ():
+            table.add_row(
+                peer["gateway"],
+                _cell(peer.get("version")),
+                f"{peer['age_s']:.2f} s ago",
+                str(peer["in_flight"]),
+            )
+        console.print(table)
+
     return cli
+
+
+def _fetch_json(url: str, path: str, timeout: float, key: str | None = None) -> dict[str, Any]:
+    """A gateway's JSON view at ``path``."""
+    import urllib.request
+
+    target = url.rstrip("/") + path
+    if not target.startswith(("http://", "https://")):
+        raise ValueError("the URL must start with http:// or https://")
+    request = urllib.request.Request(target)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        body = json.loads(resp.read())
+    if not isinstance(body, dict):
+        raise ValueError("not a shuniu gateway's answer")
+    return body
 
 
 def _fetch_ready(url: str, timeout: float, admin_key: str | None = None) -> dict[str, Any]:

@@ -111,6 +111,7 @@ class Gateway:
                 interval_s=fleet_cfg.sync_interval_s,
                 stale_after_s=fleet_cfg.stale_after_s,
             )
+            self.watchers.fleet = self.fleet
         self.operations = Operations(self.state, builder, self.watchers)
         self._builder = builder
         self.hardware = HardwareReadings(plugins)

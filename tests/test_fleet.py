@@ -7,7 +7,9 @@ gateway processes share prefixes that engines' own counters confirm."""
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,9 @@ async def test_what_one_gateway_routes_the_others_know() -> None:
     for _ in range(6):  # every pick of b now goes where a sent the prompt
         got = pool_b.balancer.pick(_req(prompt), pool_b.endpoints)
         assert got is not None and got.name == chosen.name
-    assert b.fleet.merged_blocks > 0 and a.fleet.name in b.fleet.status(0.0)["peers"]
+    assert b.fleet.merged_blocks > 0
+    (peer,) = b.fleet.status(asyncio.get_running_loop().time())["peers"]
+    assert peer["gateway"] == a.fleet.name and peer["version"] and peer["in_flight"] == 0
 
 
 async def test_the_others_requests_in_flight_count_in_the_load_view() -> None:
@@ -226,9 +230,12 @@ def test_two_gateway_processes_share_prefixes_through_redis(
             published = wait_until(lambda: _fleet(a)["published_blocks"])
             wait_until(lambda: _fleet(b)["merged_blocks"] >= published)
         before = [_hits(e) for e in engines]
+        took = []
         for system in systems:
             body = _ask(system + " And the user asks a second question.")
+            started = time.perf_counter()
             assert httpx.post(f"{b.url}/v1/completions", json=body, timeout=30).status_code == 200
+            took.append(time.perf_counter() - started)
         after = [_hits(e) for e in engines]
     finally:
         a.stop()
@@ -237,7 +244,11 @@ def test_two_gateway_processes_share_prefixes_through_redis(
     hits = sum(x[1] - y[1] for x, y in zip(after, before, strict=True))
     rate = hits / queries
     what = "shared" if shared else "alone"
-    print(f"\n{what}: the second turns' prefix hit rate {rate:.3f} ({hits:.0f}/{queries:.0f})")
+    took.sort()
+    print(
+        f"\n{what}: the second turns' prefix hit rate {rate:.3f} ({hits:.0f}/{queries:.0f}), "
+        f"latency p50 {took[len(took) // 2] * 1000:.1f} ms"
+    )
     if shared:
         assert rate > 0.8
     else:
@@ -284,3 +295,155 @@ models:
         gw.output_containing("the fleet's store is reachable again")
     finally:
         gw.stop()
+
+
+def test_a_gateway_killed_mid_load_costs_nothing_and_is_forgotten(
+    engines: list[GatewayProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """Three gateways; one is killed (SIGKILL) while clients send through all three. A
+    client whose gateway went away tries the next one: every request is answered. The
+    others stop counting the dead one's requests within ``stale_after_s``."""
+    import signal
+    import threading
+
+    text = _fleet_text(engines, redis_url).replace(
+        "sync_interval_s: 0.05}", "sync_interval_s: 0.05, stale_after_s: 0.5}"
+    )
+    gws = [start_gateway(text, _dir(tmp_path / f"g{i}")) for i in range(3)]
+    try:
+        wait_until(lambda: all(len(_fleet(g)["peers"]) == 2 for g in gws))
+        answered: list[int] = []
+        failures: list[str] = []
+
+        def client(k: int) -> None:
+            for n in range(30):
+                for attempt in range(3):  # the next gateway when one is gone
+                    gw = gws[(k + n + attempt) % 3]
+                    try:
+                        r = httpx.post(
+                            f"{gw.url}/v1/completions", json=_ask(f"client {k} request {n}"), timeout=30
+                        )
+                        answered.append(r.status_code)
+                        break
+                    except httpx.TransportError as exc:
+                        failures.append(type(exc).__name__)
+                else:
+                    answered.append(0)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(answered) >= 40)
+        gws[2].proc.send_signal(signal.SIGKILL)
+        for t in threads:
+            t.join(120)
+        assert answered == [200] * 180
+        # The dead gateway drops out of the others' view, and so do its requests.
+        for g in gws[:2]:
+            wait_until(lambda g=g: len(_fleet(g)["peers"]) == 1, timeout=10)
+        page = httpx.get(f"{gws[0].url}/metrics").text
+        remote = [
+            line for line in page.splitlines() if line.startswith("shuniu_fleet_remote_in_flight_requests{")
+        ]
+        assert remote and all(line.endswith(" 0.0") for line in remote)
+    finally:
+        for g in gws:
+            if g.proc.poll() is None:
+                g.stop()
+            else:
+                g.proc.wait()
+
+
+def test_shuniu_fleet_shows_the_workers_and_their_fleet(redis_url: str, tmp_path: Path) -> None:
+    """Two workers of one gateway with ``fleet:`` are two gateways of one fleet: each hears
+    the other through Redis, and ``shuniu fleet`` shows both views."""
+    import json
+
+    from click.testing import CliRunner
+
+    from shuniu.core.cli import build_cli
+
+    text = f"""
+gateway: {{workers: 2}}
+fleet: {{redis_url: "{redis_url}", sync_interval_s: 0.05}}
+models:
+  chat:
+    balancer: {{policy: prefix_affinity}}
+    endpoints:
+      - {{kind: sim, replicas: 2, options: {{ttft_ms: 0, tokens_per_s: 0}}}}
+"""
+    gw = start_gateway(text, tmp_path)
+    try:
+        wait_until(lambda: len(_fleet(gw)["peers"]) == 1)
+        assert httpx.get(f"{gw.url}/ready").json()["fleet"] == {"degraded": False}
+        result = CliRunner().invoke(build_cli(), ["fleet", "--url", gw.url, "--json"])
+        assert result.exit_code == 0, result.output
+        view = json.loads(result.output)
+        assert [w["index"] for w in view["workers"]] == [0, 1]
+        assert not view["fleet"]["degraded"] and view["fleet"]["peers"][0]["version"]
+        table = CliRunner().invoke(build_cli(), ["fleet", "--url", gw.url])
+        assert table.exit_code == 0 and "in sync" in table.output and "workers of" in table.output
+    finally:
+        gw.stop()
+
+
+async def test_one_gateway_polls_each_engine_for_the_whole_fleet() -> None:
+    """Each engine's /metrics is read by one gateway of the fleet (the one the live
+    gateways agree on), and the others take its snapshots; when that gateway stops, another
+    takes over."""
+    text = DEPLOYMENT.replace("endpoints:", "load: {interval_s: 0.05}\n    endpoints:")
+    plugins = load_plugins()
+    hub = MemoryHub()
+    gws = [
+        Gateway(load_deployment("d.yaml", plugins, text=text, env={}), plugins, fleet=hub.transport())
+        for _ in range(2)
+    ]
+    polls: dict[tuple[int, str], int] = {}
+    for g, gw in enumerate(gws):
+        for e in gw.pools["chat"].endpoints:
+            real = e.backend.load
+
+            async def counted(g: int = g, name: str = e.name, real: Any = real) -> Any:
+                polls[(g, name)] = polls.get((g, name), 0) + 1
+                return await real()
+
+            e.backend.load = counted  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+
+    async def until(what: Any) -> None:
+        deadline = loop.time() + 10.0
+        while not what():
+            assert loop.time() < deadline, "the condition did not hold in time"
+            await asyncio.sleep(0.02)
+
+    names = [e.name for e in gws[0].pools["chat"].endpoints]
+    for gw in gws:
+        await gw.start()
+    try:
+        await until(lambda: all(gw.fleet is not None and gw.fleet.status(loop.time())["peers"] for gw in gws))
+        await until(
+            lambda: all(polls.get((g, n), 0) or polls.get((1 - g, n), 0) for g in (0, 1) for n in names)
+        )
+        # Ownership has settled once, for every engine, one gateway takes the other's snapshots.
+        await until(
+            lambda: all(
+                any(gw.fleet is not None and gw.fleet.shared_load("chat", n) is not None for gw in gws)
+                for n in names
+            )
+        )
+        before = dict(polls)
+        await until(lambda: sum(polls.values()) - sum(before.values()) >= 24)
+        delta = {k: polls.get(k, 0) - before.get(k, 0) for k in {*polls, *before}}
+        for name in names:
+            pollers = [g for g in (0, 1) if delta.get((g, name), 0) > 0]
+            assert len(pollers) == 1, (name, delta)
+        for gw in gws:  # the non-poller has the snapshot all the same
+            assert all(e.load is not None and e.load_weight > 0 for e in gw.pools["chat"].endpoints)
+        owned_by_0 = [n for n in names if delta.get((0, n), 0) > 0]
+        await gws[0].stop()
+        if owned_by_0:
+            taken = {n: polls.get((1, n), 0) for n in owned_by_0}
+            await until(lambda: all(polls.get((1, n), 0) > taken[n] for n in owned_by_0))
+    finally:
+        for gw in gws[1:]:
+            await gw.stop()

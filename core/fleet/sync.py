@@ -25,11 +25,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from zlib import crc32
 
 import msgspec
 
 from shuniu.core.fleet.hub import FleetTransport
 from shuniu.core.pools.pool import Pool
+from shuniu.core.types import EndpointLoad
+from shuniu.core.version import __version__
 
 __all__ = ["FleetBatch", "FleetSync"]
 
@@ -46,6 +49,17 @@ class FleetBatch(msgspec.Struct, array_like=True):
     """Pool → endpoint → (requests, tokens) in flight from this gateway."""
     prefixes: list[tuple[str, str, list[int]]]
     """(pool, endpoint, block hashes) sent since the last batch."""
+    version: str = ""
+    """The sender's shuniu version (last: batches of an older sender decode without it)."""
+    loads: list[tuple[str, str, EndpointLoad]] = msgspec.field(default_factory=list)
+    """(pool, endpoint, snapshot) of the engines this gateway polls for the fleet."""
+
+
+class _Peer(msgspec.Struct):
+    seen: float
+    """When its last batch arrived (loop time)."""
+    inflight: dict[str, dict[str, tuple[int, int]]]
+    version: str
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -75,8 +89,8 @@ class FleetSync:
         self.stale_after_s = stale_after_s
         self.name = name or gateway_id()
         self._cursor: Any = None
-        self._peers: dict[str, tuple[float, dict[str, dict[str, tuple[int, int]]]]] = {}
-        """Gateway → (when its last batch arrived, loop time; its in-flight counts)."""
+        self._peers: dict[str, _Peer] = {}
+        """The other gateways heard from within ``stale_after_s``."""
         self._task: asyncio.Task[None] | None = None
         self._last_inflight: dict[str, dict[str, tuple[int, int]]] | None = None
         self._last_sent = 0.0
@@ -85,6 +99,10 @@ class FleetSync:
         self.failures = 0
         self.merged_blocks = 0
         self.published_blocks = 0
+        self._offered: dict[tuple[str, str], EndpointLoad] = {}
+        """Snapshots this gateway polled since the last batch, for the others."""
+        self._shared_loads: dict[tuple[str, str], tuple[EndpointLoad, float]] = {}
+        """The latest snapshot another gateway polled, per (pool, endpoint), and when it came."""
         self.last_sync = 0.0
 
     # -- running ----------------------------------------------------------------------------
@@ -165,11 +183,13 @@ class FleetSync:
         }
         inflight = {k: v for k, v in inflight.items() if v}
         heartbeat = now - self._last_sent >= self.stale_after_s / 3
-        if not prefixes and inflight == self._last_inflight and not heartbeat:
+        if not prefixes and not self._offered and inflight == self._last_inflight and not heartbeat:
             return b""
         self._last_inflight = inflight
         self._last_sent = now
-        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes))
+        loads = [(p, e, snap) for (p, e), snap in self._offered.items()]
+        self._offered = {}
+        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads))
 
     # -- in -------------------------------------------------------------------------------
 
@@ -183,7 +203,9 @@ class FleetSync:
             if batch.gateway == self.name:
                 continue
             if wall - batch.sent <= self.stale_after_s:
-                self._peers[batch.gateway] = (now, batch.inflight)
+                self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version)
+                for pool_name, endpoint, snap in batch.loads:
+                    self._shared_loads[(pool_name, endpoint)] = (snap, now)
             for pool_name, endpoint, hashes in batch.prefixes:
                 pool = pools.get(pool_name)
                 if pool is None or not hashes:
@@ -198,28 +220,63 @@ class FleetSync:
                         break
 
     def _apply_inflight(self, pools: Mapping[str, Pool], now: float) -> None:
-        for gw, (seen, _) in list(self._peers.items()):
-            if now - seen > self.stale_after_s:
+        for gw, peer in list(self._peers.items()):
+            if now - peer.seen > self.stale_after_s:
                 del self._peers[gw]
         for name, pool in pools.items():
             for e in pool.endpoints:
                 requests = tokens = 0
-                for _, counts in self._peers.values():
-                    got = counts.get(name, {}).get(e.name)
+                for peer in self._peers.values():
+                    got = peer.inflight.get(name, {}).get(e.name)
                     if got is not None:
                         requests += got[0]
                         tokens += got[1]
                 e.remote_in_flight = requests
                 e.remote_tokens = tokens
 
+    # -- engine load: one poller per endpoint for the fleet -------------------------------
+
+    def polls(self, pool: str, endpoint: str, now: float, fresh_s: float) -> bool:
+        """Whether this gateway should poll ``endpoint``'s engine itself: it is the one the
+        fleet's live gateways agree on (highest rendezvous hash of gateway and endpoint), or
+        the store cannot be reached, or no snapshot from the chosen one came within
+        ``fresh_s`` (it may not know the endpoint)."""
+        if self.degraded or not self._peers:
+            return True
+        key = f"\x00{pool}\x00{endpoint}".encode()
+        owner = max([self.name, *self._peers], key=lambda gw: crc32(gw.encode() + key))
+        if owner == self.name:
+            return True
+        shared = self._shared_loads.get((pool, endpoint))
+        return shared is None or now - shared[1] > fresh_s
+
+    def offer(self, pool: str, endpoint: str, snap: EndpointLoad) -> None:
+        """A snapshot this gateway polled: sent to the others with the next batch."""
+        if self._peers:
+            self._offered[(pool, endpoint)] = snap
+
+    def shared_load(self, pool: str, endpoint: str) -> tuple[EndpointLoad, float] | None:
+        """The latest snapshot of ``endpoint`` another gateway polled, and when it arrived."""
+        return self._shared_loads.get((pool, endpoint))
+
     # -- reading ----------------------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
-        """For ``/status.json``: this gateway's name, the others heard from, whether the
-        store is reachable, and how long ago the last sync was."""
+        """For ``/status.json``: this gateway's name, the others heard from (when last, their
+        version and requests in flight), whether the store is reachable, and how long ago
+        the last sync was."""
+        peers = [
+            {
+                "gateway": name,
+                "age_s": round(now - peer.seen, 3),
+                "version": peer.version or None,
+                "in_flight": sum(n for counts in peer.inflight.values() for n, _ in counts.values()),
+            }
+            for name, peer in sorted(self._peers.items())
+        ]
         return {
             "gateway": self.name,
-            "peers": sorted(self._peers),
+            "peers": peers,
             "degraded": self.degraded,
             "last_sync_s": round(now - self.last_sync, 3) if self.last_sync else None,
             "published_blocks": self.published_blocks,

@@ -204,6 +204,9 @@ def build_app(
             ok, body = readiness(state, await endpoint_devices(state))
         else:
             ok, body = readiness_summary(state)
+        if fleet is not None:
+            # Routing goes on without the fleet's store (on local state): ready, but said.
+            body["fleet"] = {"degraded": fleet.degraded}
         return _json_response(request, 200 if ok else 503, body)
 
     @get("/metrics", include_in_schema=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from shuniu.core.config import HealthConfig, LoadConfig
 from shuniu.core.errors import GatewayError
@@ -29,6 +30,9 @@ class Watchers:
     def __init__(self, state: GatewayState) -> None:
         self._state = state
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self.fleet: Any = None
+        """The gateway's :class:`~shuniu.core.fleet.FleetSync` (``fleet:``): one gateway of
+        the fleet polls each engine and the others take its snapshots."""
 
     def watch(self, pool: Pool, endpoint: EndpointState) -> None:
         """Start (or restart, in its current pool) the endpoint's health and load loops."""
@@ -112,22 +116,36 @@ class Watchers:
         endpoint's concurrency limit to the engine's backlog."""
         loop = asyncio.get_running_loop()
         timeout = max(cfg.interval_s, 1.0)
+        shared_s = 3 * cfg.interval_s
         while True:
-            try:
-                async with asyncio.timeout(timeout):
-                    snap = await endpoint.backend.load()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                snap = None
-                failed = True
+            fleet = self.fleet
+            if fleet is not None and not fleet.polls(pool.name, endpoint.name, loop.time(), shared_s):
+                # Another gateway polls this engine for the fleet: take its latest snapshot
+                # (a stale one ages here as a failed poll would).
+                got = fleet.shared_load(pool.name, endpoint.name)
+                if got is not None and got[1] > endpoint.load_at:
+                    snap, failed, taken = got[0], False, got[1]
+                else:
+                    snap, failed, taken = None, True, 0.0
             else:
-                failed = False
+                try:
+                    async with asyncio.timeout(timeout):
+                        snap = await endpoint.backend.load()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    snap = None
+                    failed = True
+                else:
+                    failed = False
+                    if snap is not None and fleet is not None:
+                        fleet.offer(pool.name, endpoint.name, snap)
+                taken = 0.0
             now = loop.time()
             if snap is not None:
                 endpoint.load = snap
-                endpoint.load_at = now
-                endpoint.load_weight = 1.0
+                endpoint.load_at = taken or now
+                endpoint.load_weight = freshness(now - endpoint.load_at, cfg.stale_after_s)
                 if adapt_limit(endpoint, snap, cfg):
                     pool.scheduler.wake(pool)
             elif failed and endpoint.load is not None:
