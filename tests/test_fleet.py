@@ -128,8 +128,8 @@ async def test_a_store_that_is_down_degrades_to_local_routing(caplog: pytest.Log
 
 
 def test_three_gateways_keep_one_gateways_prefix_hits_in_virtual_time() -> None:
-    """The issue's experiment: the shared-prefix chat workload, four simulated H200s, near
-    the load where one prefix_affinity gateway still keeps its SLO."""
+    """The shared-prefix chat workload on four simulated H200s at 3.5 times its rate (about
+    72 requests/s; one prefix_affinity gateway loses its SLO between 4 and 5 times)."""
     from shuniu.core.traffic import load_workload
     from shuniu.plugins.tools.simulate import simulate
 
@@ -145,7 +145,7 @@ def test_three_gateways_keep_one_gateways_prefix_hits_in_virtual_time() -> None:
     )
     plugins = load_plugins()
     resolved = load_deployment("fleet.yaml", plugins, text=text, env={})
-    workload = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml").scaled(4)
+    workload = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml").scaled(3.5)
     one = simulate(resolved, plugins, workload, duration=120, seed=0)
     shared = simulate(resolved, plugins, workload, duration=120, seed=0, gateways=3)
     alone = simulate(resolved, plugins, workload, duration=120, seed=0, gateways=3, shared_state=False)
@@ -157,7 +157,7 @@ def test_three_gateways_keep_one_gateways_prefix_hits_in_virtual_time() -> None:
     print(f"\nhit rate / P99 TTFT: one {hit1:.4f} / {p99_1:.3f} s, three shared {hit3:.4f} / {p99_3:.3f} s, "
           f"three alone {hit0:.4f} / {p99_0:.3f} s")  # fmt: skip
     assert hit3 >= 0.97 * hit1
-    assert p99_3 <= 1.15 * p99_1
+    assert p99_3 <= 1.10 * p99_1
     # Without sharing, each gateway learns a third of the prefixes: far fewer hits.
     assert hit0 < hit3 - 0.05 and p99_0 > 2 * p99_3
 
@@ -447,3 +447,34 @@ async def test_one_gateway_polls_each_engine_for_the_whole_fleet() -> None:
     finally:
         for gw in gws[1:]:
             await gw.stop()
+
+
+async def test_an_endpoints_concurrency_limit_holds_across_the_fleet() -> None:
+    """max_concurrency is the endpoint's, not each gateway's: what the others have in flight
+    (as of their last sync) takes slots here too, and slots they free wake this gateway's
+    waiters."""
+    text = DEPLOYMENT.replace("replicas: 3, options:", "replicas: 1, max_concurrency: 4, options:")
+    plugins = load_plugins()
+    hub = MemoryHub()
+    a, b = (
+        Gateway(load_deployment("d.yaml", plugins, text=text, env={}), plugins, fleet=hub.transport())
+        for _ in range(2)
+    )
+    assert a.fleet is not None and b.fleet is not None
+    (busy,) = a.pools["chat"].endpoints
+    busy.in_flight = 3
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    pool = b.pools["chat"]
+    (endpoint,) = pool.endpoints
+    loop = asyncio.get_running_loop()
+    first = pool.try_dispatch(_req("one"), loop.time())
+    assert first is not None and endpoint.in_flight == 1
+    assert pool.try_dispatch(_req("two"), loop.time()) is None  # 3 there + 1 here = 4
+    woken: list[Any] = []
+    pool.scheduler.wake = lambda p: woken.append(p)  # type: ignore[method-assign]
+    busy.in_flight = 1
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert woken == [pool]
+    assert pool.try_dispatch(_req("two"), loop.time()) is not None

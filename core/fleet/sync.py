@@ -206,6 +206,7 @@ class FleetSync:
                 self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version)
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
+                    self._take_load(pools.get(pool_name), endpoint, snap, now)
             for pool_name, endpoint, hashes in batch.prefixes:
                 pool = pools.get(pool_name)
                 if pool is None or not hashes:
@@ -224,6 +225,7 @@ class FleetSync:
             if now - peer.seen > self.stale_after_s:
                 del self._peers[gw]
         for name, pool in pools.items():
+            freed = False
             for e in pool.endpoints:
                 requests = tokens = 0
                 for peer in self._peers.values():
@@ -231,8 +233,12 @@ class FleetSync:
                     if got is not None:
                         requests += got[0]
                         tokens += got[1]
+                if requests < e.remote_in_flight:
+                    freed = True
                 e.remote_in_flight = requests
                 e.remote_tokens = tokens
+            if freed:
+                pool.scheduler.wake(pool)  # slots the others freed may fit this gateway's waiters
 
     # -- engine load: one poller per endpoint for the fleet -------------------------------
 
@@ -249,6 +255,19 @@ class FleetSync:
             return True
         shared = self._shared_loads.get((pool, endpoint))
         return shared is None or now - shared[1] > fresh_s
+
+    @staticmethod
+    def _take_load(pool: Pool | None, endpoint: str, snap: EndpointLoad, now: float) -> None:
+        """Another gateway's snapshot of one of this pool's engines, in place at once (the
+        load loop adapts the limit to it and ages it)."""
+        if pool is None:
+            return
+        for e in pool.endpoints:
+            if e.name == endpoint:
+                e.load = snap
+                e.load_at = now
+                e.load_weight = 1.0
+                return
 
     def offer(self, pool: str, endpoint: str, snap: EndpointLoad) -> None:
         """A snapshot this gateway polled: sent to the others with the next batch."""

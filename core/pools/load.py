@@ -79,16 +79,17 @@ def adapt_limit(e: EndpointState, snap: EndpointLoad, cfg: LoadConfig) -> bool:
     if not cfg.adaptive_concurrency:
         return False
     ceiling = e.max_concurrency or cfg.max_adaptive_concurrency
+    busy = e.in_flight + e.remote_in_flight  # the fleet's, with fleet:
     excess = snap.waiting - cfg.max_engine_waiting
     kv_full = snap.kv_usage is not None and snap.kv_usage > cfg.max_kv_usage
     if excess > 0 or kv_full:
-        cut = max(excess, 1 if kv_full else 0, e.in_flight // 8 if kv_full else 0)
-        current = e.limit or e.in_flight
-        e.limit = max(cfg.min_concurrency, min(current, e.in_flight - cut))
+        cut = max(excess, 1 if kv_full else 0, busy // 8 if kv_full else 0)
+        current = e.limit or busy
+        e.limit = max(cfg.min_concurrency, min(current, busy - cut))
         return False
     if e.limit == 0 or e.limit >= ceiling:
         return False
-    if snap.waiting == 0 and e.in_flight >= e.limit - 1:
+    if snap.waiting == 0 and busy >= e.limit - 1:
         e.limit = min(ceiling, e.limit + max(1, e.limit // 16))
         if e.limit >= ceiling and e.max_concurrency == 0:
             e.limit = 0  # back to "no gateway-side limit"

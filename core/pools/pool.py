@@ -112,7 +112,9 @@ class EndpointState:
             self.healthy
             and not self.ejected
             and not self.draining
-            and (self.limit == 0 or self.in_flight < self.limit)
+            # With a fleet, the limit is the endpoint's across the gateways (the others'
+            # requests as of their last sync).
+            and (self.limit == 0 or self.in_flight + self.remote_in_flight < self.limit)
         )
 
     def __repr__(self) -> str:

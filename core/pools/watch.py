@@ -117,16 +117,24 @@ class Watchers:
         loop = asyncio.get_running_loop()
         timeout = max(cfg.interval_s, 1.0)
         shared_s = 3 * cfg.interval_s
+        adapted = 0.0
         while True:
             fleet = self.fleet
             if fleet is not None and not fleet.polls(pool.name, endpoint.name, loop.time(), shared_s):
-                # Another gateway polls this engine for the fleet: take its latest snapshot
-                # (a stale one ages here as a failed poll would).
+                # Another gateway polls this engine for the fleet; the sync puts its snapshots
+                # in place as they arrive. Here: adapt the limit to each new one, and age.
                 got = fleet.shared_load(pool.name, endpoint.name)
-                if got is not None and got[1] > endpoint.load_at:
-                    snap, failed, taken = got[0], False, got[1]
-                else:
-                    snap, failed, taken = None, True, 0.0
+                now = loop.time()
+                if got is not None and got[1] > adapted:
+                    adapted = got[1]
+                    if adapt_limit(endpoint, got[0], cfg):
+                        pool.scheduler.wake(pool)
+                if endpoint.load is not None:
+                    endpoint.load_weight = freshness(now - endpoint.load_at, cfg.stale_after_s)
+                    if endpoint.load_weight == 0.0:
+                        endpoint.load = None
+                await asyncio.sleep(cfg.interval_s)
+                continue
             else:
                 try:
                     async with asyncio.timeout(timeout):
@@ -140,12 +148,11 @@ class Watchers:
                     failed = False
                     if snap is not None and fleet is not None:
                         fleet.offer(pool.name, endpoint.name, snap)
-                taken = 0.0
             now = loop.time()
             if snap is not None:
                 endpoint.load = snap
-                endpoint.load_at = taken or now
-                endpoint.load_weight = freshness(now - endpoint.load_at, cfg.stale_after_s)
+                endpoint.load_at = now
+                endpoint.load_weight = 1.0
                 if adapt_limit(endpoint, snap, cfg):
                     pool.scheduler.wake(pool)
             elif failed and endpoint.load is not None:

@@ -152,7 +152,7 @@ class _Tier:
                 if e.limit == 0:
                     return True  # an endpoint without a limit: no contention to share
                 total += e.limit
-                busy += e.in_flight
+                busy += e.in_flight + e.remote_in_flight  # the fleet's, with fleet:
         if share is not None and self.in_flight >= share * total:
             return False
         return headroom is None or busy + 1 <= (1.0 - headroom) * total

@@ -226,6 +226,9 @@ def simulate(
             Gateway(resolved, plugins, fleet=hub.transport() if hub is not None else None)
             for _ in range(gateways)
         ]
+        for i, g in enumerate(built):
+            if g.fleet is not None:
+                g.fleet.name = f"gateway-{i}"  # names decide the engines' pollers: fixed, for repeatable runs
         gateway = built[0]
         for other in built[1:]:
             # One set of engines behind every gateway, as in a real fleet.
