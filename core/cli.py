@@ -27,6 +27,19 @@ def _report_config_error(exc: ConfigError) -> None:
         click.echo(f"  - {problem}", err=True)
 
 
+_URL_OPTION = click.option(
+    "--url",
+    default="http://127.0.0.1:8000",
+    envvar="SHUNIU_URL",
+    show_default=True,
+    help="The gateway's address (or set SHUNIU_URL).",
+)
+_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+_TIMEOUT_OPTION = click.option(
+    "--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway."
+)
+
+
 def build_cli(plugins: PluginManager | None = None) -> click.Group:
     """The root command group with every plugin's commands added."""
     manager = plugins or load_plugins()
@@ -251,13 +264,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             console.print(failed)
 
     @cli.command("ps")
-    @click.option(
-        "--url",
-        default="http://127.0.0.1:8000",
-        envvar="SHUNIU_URL",
-        show_default=True,
-        help="The gateway's address (or set SHUNIU_URL).",
-    )
+    @_URL_OPTION
     @click.option(
         "--admin-key",
         envvar="SHUNIU_ADMIN_KEY",
@@ -265,8 +272,8 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
         help="An admin key (or set SHUNIU_ADMIN_KEY): /ready shows engines only to admins, "
         "unless the gateway sets readiness_details: public.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway.")
+    @_JSON_OPTION
+    @_TIMEOUT_OPTION
     @click.pass_context
     def ps(ctx: click.Context, url: str, admin_key: str | None, as_json: bool, timeout: float) -> None:
         """Show the engines a running gateway launched (``launch:``), from its /ready."""
@@ -332,21 +339,15 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     manager.add_commands(cli)
 
     @cli.command("fleet")
-    @click.option(
-        "--url",
-        default="http://127.0.0.1:8000",
-        envvar="SHUNIU_URL",
-        show_default=True,
-        help="A gateway's address (or set SHUNIU_URL).",
-    )
+    @_URL_OPTION
     @click.option(
         "--key",
         envvar="SHUNIU_ADMIN_KEY",
         default=None,
         help="An API or admin key, when the gateway has authentication (or set SHUNIU_ADMIN_KEY).",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the gateway.")
+    @_JSON_OPTION
+    @_TIMEOUT_OPTION
     @click.pass_context
     def fleet(ctx: click.Context, url: str, key: str | None, as_json: bool, timeout: float) -> None:
         """Show a running gateway's workers and the fleet it shares routing state with
@@ -395,8 +396,12 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     return cli
 
 
-def _fetch_json(url: str, path: str, timeout: float, key: str | None = None) -> dict[str, Any]:
-    """A gateway's JSON view at ``path``."""
+def _fetch_json(
+    url: str, path: str, timeout: float, key: str | None = None, *, accept: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """A gateway's JSON view at ``path`` (an answer with a status in ``accept``, such as a
+    503 from ``/ready``, still has one)."""
+    import urllib.error
     import urllib.request
 
     target = url.rstrip("/") + path
@@ -405,8 +410,14 @@ def _fetch_json(url: str, path: str, timeout: float, key: str | None = None) -> 
     request = urllib.request.Request(target)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        body = json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code not in accept:
+            raise OSError(f"HTTP {exc.code}") from None
+        raw = exc.read()
+    body = json.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("not a shuniu gateway's answer")
     return body
@@ -414,24 +425,8 @@ def _fetch_json(url: str, path: str, timeout: float, key: str | None = None) -> 
 
 def _fetch_ready(url: str, timeout: float, admin_key: str | None = None) -> dict[str, Any]:
     """The gateway's ``/ready`` body (a 503 while not ready still has one)."""
-    import urllib.error
-    import urllib.request
-
-    target = url.rstrip("/") + "/ready"
-    if not target.startswith(("http://", "https://")):
-        raise ValueError("the URL must start with http:// or https://")
-    request = urllib.request.Request(target)
-    if admin_key:
-        request.add_header("Authorization", f"Bearer {admin_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code != 503:
-            raise OSError(f"HTTP {exc.code}") from None
-        raw = exc.read()
-    body = json.loads(raw)
-    if not isinstance(body, dict) or not isinstance(body.get("models"), dict):
+    body = _fetch_json(url, "/ready", timeout, admin_key, accept=(503,))
+    if not isinstance(body.get("models"), dict):
         raise ValueError("not a shuniu gateway's /ready answer")
     return body
 

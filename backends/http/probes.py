@@ -6,13 +6,14 @@ asks it instead of writing its own GET, status check and error detail.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from shuniu.backends.http.errors import ProbeError
+from shuniu.backends.http.errors import PROBE_ERRORS, ProbeError, describe_error
+from shuniu.core.types import Health
 
 __all__ = ["Prober", "short_body"]
 
@@ -69,3 +70,25 @@ class Prober:
             return None
         text = short_body(body)
         return f"HTTP {status}: {text}" if text else f"HTTP {status}"
+
+    async def health(
+        self, url: str, *, started: bool, pending: Callable[[], Awaitable[str | None]] | None = None
+    ) -> Health:
+        """An HTTP backend's health: not started; ``url`` not answering 200; or, while what
+        the backend reads at start-up is still missing, ``pending()`` (which reads it and
+        returns why it is still unusable, or ``None``); else healthy (``HTTP 200``)."""
+        if not started:
+            return Health(False, "not started")
+        try:
+            down = await self.alive(url)
+            if down is not None:
+                return Health(False, down)
+            if pending is not None:
+                problem = await pending()
+                if problem is not None:
+                    return Health(False, problem)
+        except ProbeError as exc:
+            return Health(False, str(exc))
+        except PROBE_ERRORS as exc:
+            return Health(False, describe_error(exc))
+        return Health(True, "HTTP 200")

@@ -137,19 +137,14 @@ class TeiBackend(BackendBase):
         self.info_problem = None
 
     async def health(self) -> Health:
-        if self._session is None:
-            return Health(False, "not started")
-        try:
-            down = await self.prober.alive(self._health_url)
-            if down is not None:
-                return Health(False, down)
-            if self.info is None:
-                await self.discover()
-        except ProbeError as exc:
-            return Health(False, str(exc))
-        except PROBE_ERRORS as exc:
-            return Health(False, describe_error(exc))
-        return Health(True, f"HTTP 200 ({self.model_kind or 'model'})")
+        pending = self._read_info if self.info is None else None
+        health = await self.prober.health(
+            self._health_url, started=self._session is not None, pending=pending
+        )
+        return Health(True, f"HTTP 200 ({self.model_kind or 'model'})") if health.ok else health
+
+    async def _read_info(self) -> None:
+        await self.discover()
 
     async def load(self) -> EndpointLoad:
         raw = await self.prober.fetch(self._metrics_url, f"GET {self.options.metrics_path}")

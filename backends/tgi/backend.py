@@ -25,7 +25,6 @@ import aiohttp
 import msgspec
 
 from shuniu.backends.http import (
-    PROBE_ERRORS,
     STREAM_BREAKS,
     OpenAIEngine,
     OpenAIOptions,
@@ -33,7 +32,6 @@ from shuniu.backends.http import (
     Prober,
     SseData,
     delta_extras,
-    describe_error,
     end_stream,
     post_json,
     post_or_raise,
@@ -188,19 +186,11 @@ class TgiBackend(OpenAIEngine):
     async def health(self) -> Health:
         """``/health`` answers 200 (TGI checks its model shards), and ``/info`` has been
         read (it is read here until it has)."""
-        if self._session is None:
-            return Health(False, "not started")
-        try:
-            down = await self.prober.alive(self._health_url)
-            if down is not None:
-                return Health(False, down)
-            if self.info is None:
-                await self.discover()
-        except ProbeError as exc:
-            return Health(False, str(exc))
-        except PROBE_ERRORS as exc:
-            return Health(False, describe_error(exc))
-        return Health(True, "HTTP 200")
+        pending = self._read_info if self.info is None else None
+        return await self.prober.health(self._health_url, started=self._session is not None, pending=pending)
+
+    async def _read_info(self) -> None:
+        await self.discover()
 
     async def load(self) -> EndpointLoad:
         """The engine's load from ``/metrics`` (see

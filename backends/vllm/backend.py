@@ -17,12 +17,9 @@ from typing import Any, ClassVar
 import msgspec
 
 from shuniu.backends.http import (
-    PROBE_ERRORS,
     OpenAIEngine,
     OpenAIOptions,
-    ProbeError,
     Prober,
-    describe_error,
     probe_headers,
 )
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
@@ -139,21 +136,12 @@ class VllmBackend(OpenAIEngine):
     async def health(self) -> Health:
         """``/health`` answers 200, and the served model is known (``/v1/models`` is read
         until it is)."""
-        if self._session is None:
-            return Health(False, "not started")
-        try:
-            down = await self.prober.alive(self._health_url)
-            if down is not None:
-                return Health(False, down)
-            if self.served_model is None:
-                await self.discover()
-                if self.served_model is None:
-                    return Health(False, self.model_problem or "no served model")
-        except ProbeError as exc:
-            return Health(False, str(exc))
-        except PROBE_ERRORS as exc:
-            return Health(False, describe_error(exc))
-        return Health(True, "HTTP 200")
+        pending = self._read_served_model if self.served_model is None else None
+        return await self.prober.health(self._health_url, started=self._session is not None, pending=pending)
+
+    async def _read_served_model(self) -> str | None:
+        await self.discover()
+        return None if self.served_model is not None else self.model_problem or "no served model"
 
     async def load(self) -> EndpointLoad:
         """The engine's load from ``/metrics``. Raises when the page cannot be read or holds

@@ -194,7 +194,10 @@ class FleetSync:
     # -- in -------------------------------------------------------------------------------
 
     def _apply(self, pools: Mapping[str, Pool], incoming: Sequence[bytes], now: float) -> None:
+        if not incoming:
+            return
         wall = time.time()
+        endpoints = {(name, e.name): e for name, pool in pools.items() for e in pool.endpoints}
         for raw in incoming:
             try:
                 batch = _decode(raw)
@@ -206,19 +209,18 @@ class FleetSync:
                 self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version)
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
-                    self._take_load(pools.get(pool_name), endpoint, snap, now)
+                    local = endpoints.get((pool_name, endpoint))
+                    if local is not None:
+                        # In place at once; the load loop adapts the limit to it and ages it.
+                        local.load, local.load_at, local.load_weight = snap, now, 1.0
             for pool_name, endpoint, hashes in batch.prefixes:
-                pool = pools.get(pool_name)
-                if pool is None or not hashes:
+                local = endpoints.get((pool_name, endpoint))
+                if local is None or not hashes:
                     continue
-                index = pool.balancer.shared_index()
-                if index is None:
-                    continue
-                for e in pool.endpoints:
-                    if e.name == endpoint:
-                        index.merge(e.index, hashes)
-                        self.merged_blocks += len(hashes)
-                        break
+                index = pools[pool_name].balancer.shared_index()
+                if index is not None:
+                    index.merge(local.index, hashes)
+                    self.merged_blocks += len(hashes)
 
     def _apply_inflight(self, pools: Mapping[str, Pool], now: float) -> None:
         for gw, peer in list(self._peers.items()):
@@ -255,19 +257,6 @@ class FleetSync:
             return True
         shared = self._shared_loads.get((pool, endpoint))
         return shared is None or now - shared[1] > fresh_s
-
-    @staticmethod
-    def _take_load(pool: Pool | None, endpoint: str, snap: EndpointLoad, now: float) -> None:
-        """Another gateway's snapshot of one of this pool's engines, in place at once (the
-        load loop adapts the limit to it and ages it)."""
-        if pool is None:
-            return
-        for e in pool.endpoints:
-            if e.name == endpoint:
-                e.load = snap
-                e.load_at = now
-                e.load_weight = 1.0
-                return
 
     def offer(self, pool: str, endpoint: str, snap: EndpointLoad) -> None:
         """A snapshot this gateway polled: sent to the others with the next batch."""

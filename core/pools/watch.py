@@ -135,19 +135,18 @@ class Watchers:
                         endpoint.load = None
                 await asyncio.sleep(cfg.interval_s)
                 continue
+            try:
+                async with asyncio.timeout(timeout):
+                    snap = await endpoint.backend.load()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                snap = None
+                failed = True
             else:
-                try:
-                    async with asyncio.timeout(timeout):
-                        snap = await endpoint.backend.load()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    snap = None
-                    failed = True
-                else:
-                    failed = False
-                    if snap is not None and fleet is not None:
-                        fleet.offer(pool.name, endpoint.name, snap)
+                failed = False
+                if snap is not None and fleet is not None:
+                    fleet.offer(pool.name, endpoint.name, snap)
             now = loop.time()
             if snap is not None:
                 endpoint.load = snap
