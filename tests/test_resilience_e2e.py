@@ -37,6 +37,15 @@ def _retries(gw: GatewayProcess) -> float:
     return total
 
 
+def _gave_up(gw: GatewayProcess) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("shuniu_retries_gave_up_total"):
+            why = line.split('why="', 1)[1].split('"', 1)[0]
+            out[why] = out.get(why, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def _load(
     gw: GatewayProcess, n: int, workers: int = 8, *, stream: bool = False, **body: Any
 ) -> dict[str, int]:
@@ -86,6 +95,7 @@ def test_a_crashed_endpoint_costs_no_request_that_had_not_started(gateway_factor
 models:
   chat:
     health: {interval_s: 0.2, unhealthy_after: 100}
+    retries: {min_retries: 8}  # all 8 concurrent requests may fail on "doomed" together
     outlier: {consecutive_failures: 3, base_ejection_s: 30}
     endpoints:
       - {kind: sim, name: good, replicas: 2, options: {ttft_ms: 5, tokens_per_s: 2000}}
@@ -115,6 +125,10 @@ models:
   chat:
     health: {interval_s: 0.2, timeout_s: 0.2, unhealthy_after: 1000}
     timeouts: {ttft_s: 0.3}
+    # Up to all 6 concurrent requests can be hanging on "stuck" when their TTFT limit
+    # fires together; the budget must let every one retry (its default floor is 3 retries
+    # in flight, which would send the 4th its 504: shuniu_retries_gave_up{why="budget"}).
+    retries: {min_retries: 6}
     outlier: {consecutive_failures: 2, base_ejection_s: 30}
     endpoints:
       - {kind: sim, name: good, replicas: 2, options: {ttft_ms: 5, tokens_per_s: 2000}}
@@ -181,19 +195,27 @@ models:
     assert _endpoint(gw, "chat", "dead")["errors"] == 1
 
 
-def test_without_retries_the_error_reaches_the_client(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("retries", "why"),
+    [("{max_retries: 0}", "max_retries"), ("{min_retries: 0, budget_ratio: 0}", "budget")],
+    ids=["no retries", "spent budget"],
+)
+def test_an_error_that_is_not_retried_reaches_the_client_and_says_why(  # type: ignore[no-untyped-def]
+    gateway_factory, retries: str, why: str
+) -> None:
     gw = gateway_factory(
-        """
+        f"""
 models:
   chat:
-    retries: {max_retries: 0}
+    retries: {retries}
     endpoints:
-      - {kind: sim, name: dead, options: {ttft_ms: 0, faults: {error_rate: 1.0}}}
-      - {kind: sim, name: fine, options: {ttft_ms: 0}}
+      - {{kind: sim, name: dead, options: {{ttft_ms: 0, faults: {{error_rate: 1.0}}}}}}
+      - {{kind: sim, name: fine, options: {{ttft_ms: 0}}}}
 """
     )
     counts = _load(gw, 20, workers=1, max_tokens=2)
     assert counts.get("http 502", 0) >= 1 and _retries(gw) == 0
+    assert _gave_up(gw) == {why: counts["http 502"]}
 
 
 @pytest.fixture

@@ -351,6 +351,12 @@ class _LiveCollector(Collector):
             "Attempts on another endpoint or the fallback model, by the error that caused them.",
             labels=["model", "reason"],
         )
+        gave_up = CounterMetricFamily(
+            "shuniu_retries_gave_up",
+            "Failed attempts answered with their error instead of a retry, by why "
+            "(max_retries, no_alternative, budget, fallback_cannot_serve).",
+            labels=["model", "why"],
+        )
         for name, pool in gw.pools.items():
             q = pool.scheduler.queued
             if q is not None:
@@ -361,6 +367,8 @@ class _LiveCollector(Collector):
             if res is not None:
                 for reason, count in res.retries_by_reason.items():
                     retries.add_metric([name, reason if reason in KNOWN_CODES else "other"], count)
+                for why, count in res.gave_up.items():
+                    gave_up.add_metric([name, why], count)
             for e in pool.endpoints:
                 labels = [name, e.name]
                 in_flight.add_metric(labels, e.in_flight)
@@ -383,7 +391,7 @@ class _LiveCollector(Collector):
                     if load.prefix_hits is not None:
                         ph.add_metric(labels, load.prefix_hits)
         yield from (in_flight, in_flight_tokens, limit, healthy, completed, errors, queued)
-        yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries)
+        yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries, gave_up)
         yield from self._degradation()
         yield from self._engines()
         yield from self._cache()

@@ -186,19 +186,24 @@ class Attempts:
         res.failed(endpoint, loop.time())
         tried = (req.tried or frozenset()) | {endpoint.name}
         req.tried = tried
+        target: Pool | None = None
         if progress.attempts >= res.retries.max_retries:
-            target = None
-        elif res.has_alternative(tried) and res.budget_allows():
-            target = pool
+            why = "max_retries"
+        elif not res.has_alternative(tried):
+            why = "no_alternative"
+        elif not res.budget_allows():
+            why = "budget"
         else:
-            target = None
+            target = pool
         if target is None:
             fallback = res.retries.fallback
             if fallback is None or progress.fell_back or progress.attempts > res.retries.max_retries:
+                res.gave_up[why] = res.gave_up.get(why, 0) + 1
                 return None
             target = state.pools[fallback]
             if req.modalities - target.accepts or req.api not in target.serves:
-                return None  # the fallback model cannot take this input
+                res.gave_up["fallback_cannot_serve"] = res.gave_up.get("fallback_cannot_serve", 0) + 1
+                return None
             progress.fell_back = True
             req.tried = None
         progress.attempts += 1

@@ -37,6 +37,7 @@ class Resilience:
 
     __slots__ = (
         "ejections",
+        "gave_up",
         "outlier",
         "pool",
         "retries",
@@ -56,6 +57,10 @@ class Resilience:
         """Retry attempts in flight."""
         self.retries_by_reason: dict[str, int] = {}
         """Retries started, by the error code that caused them (for metrics)."""
+        self.gave_up: dict[str, int] = {}
+        """Failed attempts whose error went to the client instead of a retry, by why:
+        ``max_retries``, ``no_alternative`` (every healthy endpoint tried), ``budget`` (the
+        retry budget was spent), ``fallback_cannot_serve``."""
         self.ejections = 0
 
     # -- outcomes -------------------------------------------------------------------------
