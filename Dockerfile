@@ -2,7 +2,7 @@
 # The shuniu gateway image: docs/kubernetes.md.
 #
 #   docker build -t shuniu:0.1.0 .                                  # the gateway alone
-#   docker build -t shuniu:0.1.0 --build-arg EXTRAS=redis,otel .    # with Redis and tracing
+#   docker build -t shuniu:0.1.0 --build-arg EXTRAS=dns,redis,otel . # with Redis and tracing
 #
 # It runs `shuniu serve /etc/shuniu/deployment.yaml` as an unprivileged user; mount the
 # deployment file there (a ConfigMap) and pass keys as environment variables from a Secret
@@ -21,8 +21,9 @@ COPY hardware hardware
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
-# Comma-separated extras of the shuniu package (redis, otel, tokenizers, jwt, plot, ...).
-ARG EXTRAS=""
+# Comma-separated extras of the shuniu package (dns, redis, otel, tokenizers, jwt, plot, ...);
+# the default brings DNS discovery (docs/discovery.md).
+ARG EXTRAS="dns"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1

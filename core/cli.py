@@ -218,7 +218,7 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
             for category in CATEGORIES:
                 for name, reg in plugins.registered(category).items():
                     registered.setdefault(reg.plugin, []).append(
-                        f"{category[:-1] if category != 'hardware' else category}:{name}"
+                        f"{category[:-1] if category not in ('hardware', 'discovery') else category}:{name}"
                     )
         except ConfigError as exc:
             _report_config_error(exc)

@@ -43,6 +43,7 @@ from shuniu.core.pipeline.router import Router
 from shuniu.core.pipeline.routing import check_context
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pools.build import PoolBuilder
+from shuniu.core.pools.discovery import Discoveries
 from shuniu.core.pools.launcher import ManagedEngine
 from shuniu.core.pools.pool import Pool
 from shuniu.core.pools.resilience import Resilience
@@ -113,6 +114,10 @@ class Gateway:
             )
             self.watchers.fleet = self.fleet
         self.operations = Operations(self.state, builder, self.watchers)
+        self.discoveries = Discoveries(self.state, self.operations, builder)
+        """The ``discovery:`` entries' watchers (endpoints found at run time)."""
+        self.discoveries.build()
+        self.operations.discovered = self.discoveries.owned
         self._builder = builder
         self.hardware = HardwareReadings(plugins)
         self.tracing = setup_tracing(gw.tracing)
@@ -123,7 +128,9 @@ class Gateway:
         )
         if degrades:
             recorder.add(overload.observe)
-        self.metrics = GatewayMetrics(self.state, self.hardware, self.fleet) if gw.metrics else None
+        self.metrics = (
+            GatewayMetrics(self.state, self.hardware, self.fleet, self.discoveries) if gw.metrics else None
+        )
         if self.metrics is not None:
             recorder.add(self.metrics.observe)
         self.access_log = AccessLog(gw.access_log) if gw.access_log is not None else None
@@ -218,6 +225,7 @@ class Gateway:
                 self.watchers.watch(pool, endpoint)
         if self.fleet is not None:
             await self.fleet.start()
+        self.discoveries.start()
         for fn in self.plugins.hook_functions("gateway_startup"):
             result = fn(gateway=self)
             if inspect.isawaitable(result):
@@ -240,6 +248,7 @@ class Gateway:
                     await result
             except Exception:
                 log.exception("a gateway_shutdown hook failed")
+        await self.discoveries.stop()
         await self.watchers.stop()
         if self.fleet is not None:
             await self.fleet.stop()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         RegisterBalancer,
         RegisterCacheStore,
         RegisterClassifier,
+        RegisterDiscovery,
         RegisterFilter,
         RegisterHardwareProbe,
         RegisterRateLimitStore,
@@ -146,6 +147,20 @@ def register_classifiers(register: RegisterClassifier) -> None:
     ``factory(options)`` returns a :class:`shuniu.core.contracts.Classifier`, one per model,
     whose ``classify(req)`` labels each request before the model's routing rules (which
     match on ``labels``). Return value ignored; not ``firstresult``.
+    """
+
+
+@hookspec
+def register_discovery(register: RegisterDiscovery) -> None:
+    """Register discovery sources (the ``discovery.kind`` of an endpoint entry), which find
+    a pool's engines at run time instead of the file listing them.
+
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.Discovery`, one per entry,
+    whose ``watch()`` yields the whole current set of
+    :class:`shuniu.core.contracts.Target` each time it may have changed; the gateway adds,
+    drains and removes endpoints to match, off the request path. Return value ignored; not
+    ``firstresult``.
     """
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from shuniu.core.config import Deployment, EndpointConfig
@@ -34,6 +35,9 @@ class Operations:
         self._state = state
         self._builder = builder
         self._watchers = watchers
+        self.discovered: Callable[[], dict[str, list[EndpointState]]] = dict
+        """The endpoints the deployment's ``discovery:`` entries found, by model (set by the
+        gateway): a reload carries them into the new pools."""
 
     # -- endpoints and traffic ------------------------------------------------------------
 
@@ -109,6 +113,10 @@ class Operations:
                 old_by_name[e.name] = (pool, e)
         # Synchronous: no request runs while the new pools are built.
         new = self._builder.build(resolved, reuse, state.engines)
+        for model_name, found in self.discovered().items():
+            if model_name in new.pools:  # a reload keeps the discovery entries (reload_problems)
+                for endpoint in found:
+                    new.pools[model_name].add(endpoint)
         old_engines = state.engines
         kept = {id(e) for p in new.pools.values() for e in p.endpoints}
         old = {id(e) for _, e in old_by_name.values()}
@@ -213,4 +221,15 @@ def reload_problems(old: Deployment, new: Deployment) -> list[Problem]:
 
     if launched(old) != launched(new):
         problems.append(Problem("models", "launched engines (`launch:` entries) change only with a restart"))
+
+    def discovered(d: Deployment) -> dict[tuple[str, int], str]:
+        return {
+            (m, i): ep.model_dump_json()
+            for m, model in d.models.items()
+            for i, ep in enumerate(model.endpoints)
+            if ep.discovery
+        }
+
+    if discovered(old) != discovered(new):
+        problems.append(Problem("models", "discovered entries (`discovery:`) change only with a restart"))
     return problems

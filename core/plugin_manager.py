@@ -47,6 +47,7 @@ Category = Literal[
     "authenticators",
     "hardware",
     "classifiers",
+    "discovery",
 ]
 CATEGORIES: tuple[Category, ...] = (
     "backends",
@@ -59,6 +60,7 @@ CATEGORIES: tuple[Category, ...] = (
     "authenticators",
     "hardware",
     "classifiers",
+    "discovery",
 )
 
 
@@ -310,7 +312,7 @@ def _make_register(
             problems.append(
                 Problem(
                     f"plugin {plugin_name}",
-                    f"{category[:-1] if category != 'hardware' else category} {name!r} is "
+                    f"{category[:-1] if category not in ('hardware', 'discovery') else category} {name!r} is "
                     f"already registered by plugin {into[name].plugin!r}",
                 )
             )

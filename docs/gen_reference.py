@@ -42,6 +42,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.endpoints[]", config.EndpointConfig),
     ("models.<name>.endpoints[].launch", config.LaunchConfig),
     ("models.<name>.endpoints[].launch.restart", config.RestartConfig),
+    ("models.<name>.endpoints[].discovery", config.DiscoveryConfig),
     ("models.<name>.balancer", config.BalancerConfig),
     ("models.<name>.balancer.filters[]", config.FilterConfig),
     ("models.<name>.balancer.scorers[]", config.ScorerConfig),
@@ -75,6 +76,8 @@ PLUGIN_PLACES: dict[str, tuple[str, str]] = {
     "authenticators": ("auth.authenticators[].options", "kind"),
     "rate_limiters": ("rate_limits.options", "store"),
     "caches": ("cache.options", "store"),
+    "discovery": ("models.<name>.endpoints[].discovery.options", "kind"),
+    "classifiers": ("models.<name>.classifier.options", "kind"),
 }
 
 

@@ -101,6 +101,9 @@ def test_the_shipped_deployment_file_is_valid(overlay: str) -> None:
     }
     for model in resolved.deployment.models.values():
         for ep in model.endpoints:
+            if ep.discovery is not None:
+                _check_discovery(objects, ep.discovery.options)
+                continue
             url = ep.options.get("base_url") if ep.kind != "sim" else None
             if url is None:
                 continue
@@ -109,6 +112,32 @@ def test_the_shipped_deployment_file_is_valid(overlay: str) -> None:
             name, ordinal, service = m.group(1), int(m.group(2)), m.group(3)
             assert name in sets and ordinal < sets[name]["spec"]["replicas"], url
             assert service in headless and sets[name]["spec"]["serviceName"] == service
+
+
+def _check_discovery(objects: list[dict[str, Any]], options: dict[str, Any]) -> None:
+    """A ``kubernetes`` discovery entry names a headless Service with that port, whose
+    selector is a StatefulSet's pods, and the gateway may read its slices and pods."""
+    service = _one(objects, "Service", options["service"])
+    assert service["spec"]["clusterIP"] == "None"
+    assert options["port"] in {p["name"] for p in service["spec"]["ports"]}
+    selector = service["spec"]["selector"]
+    assert any(
+        o["kind"] == "StatefulSet" and selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        for o in objects
+    )
+    account = _one(objects, "ServiceAccount", "shuniu")
+    assert account["automountServiceAccountToken"] is True
+    binding = next(o for o in objects if o["kind"] == "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shuniu", "namespace": "shuniu"}]
+    role = _one(objects, "Role", binding["roleRef"]["name"])
+    rules = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert {"list", "watch"} <= rules[("discovery.k8s.io", "endpointslices")]
+    assert "get" in rules[("", "pods")]
 
 
 def test_the_gateway_pod_runs_unprivileged_and_probes_the_gateway() -> None:

@@ -57,6 +57,8 @@ BUILTINS = {
     "priority",
     "locality",
     "heuristic",
+    "discovery_dns",
+    "discovery_kubernetes",
     *BALANCERS,
     *TENANCY,
     *HARDWARE,

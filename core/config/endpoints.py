@@ -10,7 +10,14 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from shuniu.core.config.base import Strict as _Strict
 
-__all__ = ["LAUNCH_PLACEHOLDERS", "EndpointConfig", "LaunchConfig", "RestartConfig", "placeholders"]
+__all__ = [
+    "LAUNCH_PLACEHOLDERS",
+    "DiscoveryConfig",
+    "EndpointConfig",
+    "LaunchConfig",
+    "RestartConfig",
+    "placeholders",
+]
 
 
 LAUNCH_PLACEHOLDERS = ("host", "port", "replica", "name", "model")
@@ -145,6 +152,25 @@ class LaunchConfig(_Strict):
         return self
 
 
+class DiscoveryConfig(_Strict):
+    """Where the entry's engines are found at run time (docs/discovery.md): every target
+    the source finds becomes one endpoint built from the entry, named ``<entry name>-<key>``,
+    with the backend's ``base_url`` pointed at the target's address."""
+
+    kind: str
+    """The source: ``dns`` (A/AAAA or SRV records, e.g. a headless Service),
+    ``kubernetes`` (a Service's EndpointSlices), or one a plugin registers."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the source, validated by it."""
+    drain_timeout_s: float = Field(120.0, ge=0)
+    """A target that went away (or stopped being ready) is drained: no new requests, those
+    in flight finish. Its endpoint is removed once nothing runs on it, or after this long."""
+    backoff_s: float = Field(1.0, gt=0)
+    """After the source fails (the API server or the DNS server unreachable): wait before
+    watching again, doubling on each failure in a row up to 30 s. The endpoints found so
+    far stay meanwhile."""
+
+
 class EndpointConfig(_Strict):
     """One engine (or ``replicas`` identical engines) serving the model."""
 
@@ -170,6 +196,20 @@ class EndpointConfig(_Strict):
     """Start the engines of this entry as processes of the gateway (one per replica),
     restart them when they exit, and stop them with the gateway. ``null``: the engines run
     elsewhere and ``options`` say where (see docs/managed-engines.md)."""
+    discovery: DiscoveryConfig | None = None
+    """Find this entry's engines at run time (DNS, Kubernetes EndpointSlices) instead of
+    ``options.base_url``: one endpoint per target found, added, drained and removed as
+    targets come and go. ``null``: the one address in ``options``."""
+
+    @model_validator(mode="after")
+    def _discovered(self) -> EndpointConfig:
+        if self.discovery is None:
+            return self
+        if self.launch is not None:
+            raise ValueError("an entry either launches its engines (launch) or discovers them (discovery)")
+        if self.replicas != 1:
+            raise ValueError("a discovered entry has one endpoint per target found: leave replicas out")
+        return self
 
     @model_validator(mode="after")
     def _launch_ports(self) -> EndpointConfig:

@@ -61,6 +61,8 @@ class ResolvedDeployment:
     """Validated options of the cache store (``cache.options``)."""
     classifier_options: dict[str, Any] = field(default_factory=dict)
     """Model → validated options of its ``classifier``."""
+    discovery_options: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """(model, endpoint index) → validated options of the entry's ``discovery`` source."""
 
 
 def quickstart_text() -> str:
@@ -241,7 +243,8 @@ def _validate_options(
 
 def _unknown(category: Category, name: str, plugins: PluginManager) -> str:
     names = ", ".join(sorted(plugins.registered(category))) or "(none)"
-    msg = f"unknown {category[:-1]} {name!r}; registered: {names}"
+    thing = {"discovery": "discovery source", "hardware": "hardware probe"}.get(category, category[:-1])
+    msg = f"unknown {thing} {name!r}; registered: {names}"
     if plugins.failed:
         msg += "; plugins that failed to load: " + ", ".join(f.name for f in plugins.failed)
     return msg
@@ -283,7 +286,7 @@ def load_deployment(
         deployment = None
     # Plugin names and options are checked on the raw data, so a file with schema problems
     # still gets its plugin problems reported in the same run.
-    parts: dict[str, dict[tuple[str, int], Any]] = {"filters": {}, "scorers": {}}
+    parts: dict[str, dict[tuple[str, int], Any]] = {"filters": {}, "scorers": {}, "discovery": {}}
     endpoint_options, balancer_options, scheduler_options, classifier_options = _check_plugins(
         data, plugins, lines, problems, parts
     )
@@ -304,6 +307,7 @@ def load_deployment(
         parts["scorers"],
         *tenancy,
         classifier_options=classifier_options,
+        discovery_options=parts["discovery"],
     )
     _cross_check_tenancy(resolved, lines, problems)
     seen: dict[str, tuple[Any, ...]] = {}
@@ -427,6 +431,12 @@ def _check_plugins(
                 )
                 continue
             options = ep.get("options") or {}
+            discovery = ep.get("discovery")
+            if isinstance(discovery, dict):
+                _check_discovery(discovery, (*loc, "discovery"), plugins, lines, problems, parts)
+                if isinstance(options, dict) and "base_url" not in options:
+                    # Validated with a stand-in address; each target's replaces it.
+                    options = _with_launch_url(reg.options, options, {"host": "127.0.0.1", "port": 1})
             if isinstance(options, dict):
                 options = _with_launch_url(reg.options, options, ep.get("launch"))
                 endpoint_options[(model_name, i)] = _validate_options(
@@ -438,6 +448,32 @@ def _check_plugins(
         policy_options["scheduler"],
         policy_options["classifier"],
     )
+
+
+def _check_discovery(
+    discovery: dict[str, Any],
+    loc: tuple[Any, ...],
+    plugins: PluginManager,
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+    parts: dict[str, dict[tuple[str, int], Any]],
+) -> None:
+    """Look up an entry's discovery source and validate its options."""
+    kind = discovery.get("kind")
+    if not isinstance(kind, str):
+        return  # the schema reports it
+    reg = plugins.registered("discovery").get(kind)
+    if reg is None:
+        where = (*loc, "kind")
+        problems.append(
+            Problem(field_path(where), _unknown("discovery", kind, plugins), line_for(lines, where))
+        )
+        return
+    options = discovery.get("options") or {}
+    if isinstance(options, dict):
+        parts["discovery"][(loc[1], loc[3])] = _validate_options(
+            reg.options, options, (*loc, "options"), lines, problems
+        )
 
 
 def _check_tenancy(
@@ -583,11 +619,14 @@ def expand_endpoints(model: str, endpoints: list[EndpointConfig]) -> list[tuple[
     """(entry index, replica, endpoint name) for every endpoint a model's entries expand to.
 
     Unnamed endpoints are numbered across the model (``chat-0``, ``chat-1``, ...); a named
-    entry with several replicas gets ``-0``, ``-1``, ... appended.
+    entry with several replicas gets ``-0``, ``-1``, ... appended. Entries with
+    ``discovery:`` expand to nothing here: their endpoints come and go at run time.
     """
     out: list[tuple[int, int, str]] = []
     counter = 0
     for i, ep in enumerate(endpoints):
+        if ep.discovery is not None:
+            continue  # its endpoints are found at run time (core/pools/discovery.py)
         for r in range(ep.replicas):
             if ep.name is None:
                 name = f"{model}-{counter}"

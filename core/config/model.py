@@ -20,6 +20,7 @@ from shuniu.core.config.base import Options
 from shuniu.core.config.base import Strict as _Strict
 from shuniu.core.config.endpoints import (
     LAUNCH_PLACEHOLDERS,
+    DiscoveryConfig,
     EndpointConfig,
     LaunchConfig,
     RestartConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "ClassifierConfig",
     "DegradeConfig",
     "Deployment",
+    "DiscoveryConfig",
     "EndpointConfig",
     "FilterConfig",
     "FleetConfig",

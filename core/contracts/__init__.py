@@ -13,6 +13,7 @@ rate-limit store   :class:`RateLimitStore`                 ``register_rate_limit
 cache store        :class:`CacheStore`                     ``register_caches``
 hardware probe     :class:`HardwareProbe`                  ``register_hardware``
 classifier         :class:`Classifier`                     ``register_classifiers``
+discovery          :class:`Discovery` (yields :class:`Target`) ``register_discovery``
 command            :data:`CommandGroup` (click)            ``register_commands``
 =================  =====================================  ==============================
 
@@ -31,6 +32,7 @@ from shuniu.core.contracts.cache import CacheStore
 from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.commands import CommandGroup
 from shuniu.core.contracts.conformance import conform, optional
+from shuniu.core.contracts.discovery import Discovery, Target
 from shuniu.core.contracts.fleet import SharedIndex
 from shuniu.core.contracts.hardware import DeviceReading, HardwareProbe, ProbeReport
 from shuniu.core.contracts.ratelimit import Decision, Lease, Rate, RateLimitStore
@@ -40,6 +42,7 @@ from shuniu.core.contracts.registration import (
     BalancerFactory,
     CacheStoreFactory,
     ClassifierFactory,
+    DiscoveryFactory,
     FilterFactory,
     HardwareProbeFactory,
     RateLimitStoreFactory,
@@ -49,6 +52,7 @@ from shuniu.core.contracts.registration import (
     RegisterBalancer,
     RegisterCacheStore,
     RegisterClassifier,
+    RegisterDiscovery,
     RegisterFilter,
     RegisterHardwareProbe,
     RegisterRateLimitStore,
@@ -78,6 +82,8 @@ __all__ = [
     "CommandGroup",
     "Decision",
     "DeviceReading",
+    "Discovery",
+    "DiscoveryFactory",
     "EndpointSpec",
     "EndpointView",
     "Filter",
@@ -96,6 +102,7 @@ __all__ = [
     "RegisterBalancer",
     "RegisterCacheStore",
     "RegisterClassifier",
+    "RegisterDiscovery",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",
@@ -107,6 +114,7 @@ __all__ = [
     "Scorer",
     "ScorerFactory",
     "SharedIndex",
+    "Target",
     "Ticket",
     "conform",
     "optional",

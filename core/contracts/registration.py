@@ -20,6 +20,7 @@ from shuniu.core.contracts.backend import Backend, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
 from shuniu.core.contracts.classifier import Classifier
+from shuniu.core.contracts.discovery import Discovery
 from shuniu.core.contracts.hardware import HardwareProbe
 from shuniu.core.contracts.ratelimit import RateLimitStore
 from shuniu.core.contracts.scheduler import Scheduler
@@ -30,6 +31,7 @@ __all__ = [
     "BalancerFactory",
     "CacheStoreFactory",
     "ClassifierFactory",
+    "DiscoveryFactory",
     "FilterFactory",
     "HardwareProbeFactory",
     "RateLimitStoreFactory",
@@ -39,6 +41,7 @@ __all__ = [
     "RegisterBalancer",
     "RegisterCacheStore",
     "RegisterClassifier",
+    "RegisterDiscovery",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",
@@ -94,6 +97,7 @@ RateLimitStoreFactory = Callable[[Any], RateLimitStore]
 CacheStoreFactory = Callable[[Any], CacheStore]
 HardwareProbeFactory = Callable[[Any], HardwareProbe]
 ClassifierFactory = Callable[[Any], Classifier]
+DiscoveryFactory = Callable[[Any], Discovery]
 
 RegisterBackend = Register[BackendFactory]
 RegisterBalancer = Register[BalancerFactory]
@@ -105,3 +109,4 @@ RegisterRateLimitStore = Register[RateLimitStoreFactory]
 RegisterCacheStore = Register[CacheStoreFactory]
 RegisterHardwareProbe = Register[HardwareProbeFactory]
 RegisterClassifier = Register[ClassifierFactory]
+RegisterDiscovery = Register[DiscoveryFactory]

@@ -174,9 +174,12 @@ class GatewayMetrics:
     prometheus_client's own metric objects cost ~15 µs per request here (a lock and label
     handling per update)."""
 
-    def __init__(self, view: StateView, hardware: HardwareReadings, fleet: Any = None) -> None:
+    def __init__(
+        self, view: StateView, hardware: HardwareReadings, fleet: Any = None, discoveries: Any = None
+    ) -> None:
         """``fleet``: the gateway's :class:`~shuniu.core.fleet.FleetSync` (``fleet:``), whose
-        state is exported as ``shuniu_fleet_*``."""
+        state is exported as ``shuniu_fleet_*``; ``discoveries``: its
+        :class:`~shuniu.core.pools.discovery.Discoveries` (``shuniu_discovery_*``)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = _CounterFamily(
             "shuniu_requests",
@@ -219,7 +222,7 @@ class GatewayMetrics:
             ["model", "tier"],
         )
         self.registry.register(_RequestCollector(self))
-        self.registry.register(_LiveCollector(view, hardware, fleet))
+        self.registry.register(_LiveCollector(view, hardware, fleet, discoveries))
         self._status: dict[int, str] = {}
 
     def observe(self, record: RequestRecord) -> None:
@@ -292,10 +295,13 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 class _LiveCollector(Collector):
     """Reads the gateway's state at scrape time."""
 
-    def __init__(self, view: StateView, hardware: HardwareReadings, fleet: Any = None) -> None:
+    def __init__(
+        self, view: StateView, hardware: HardwareReadings, fleet: Any = None, discoveries: Any = None
+    ) -> None:
         self.view = view
         self.hardware = hardware
         self.fleet = fleet
+        self.discoveries = discoveries
 
     def describe(self) -> Iterable[Metric]:
         return []  # the metric set depends on what the deployment uses
@@ -396,6 +402,7 @@ class _LiveCollector(Collector):
         yield from self._engines()
         yield from self._cache()
         yield from self._fleet()
+        yield from self._discovery()
         yield from self._hardware()
 
     def _fleet(self) -> Iterable[Metric]:
@@ -419,6 +426,31 @@ class _LiveCollector(Collector):
             for e in pool.endpoints:
                 remote.add_metric([name, e.name], e.remote_in_flight)
         yield from (degraded, peers, syncs, failures, remote)
+
+    def _discovery(self) -> Iterable[Metric]:
+        entries = self.discoveries.entries if self.discoveries is not None else ()
+        if not entries:
+            return
+        endpoints = _gauge(
+            "shuniu_discovery_endpoints",
+            "Endpoints a discovery entry found, by state (serving, starting: waiting for its "
+            "health probe, draining, not_ready: targets not ready to join).",
+            ["model", "entry", "state"],
+        )
+        failures = CounterMetricFamily(
+            "shuniu_discovery_failures",
+            "Times the entry's discovery source failed (its endpoints were kept).",
+            labels=["model", "entry"],
+        )
+        up = _gauge(
+            "shuniu_discovery_up", "1 while the entry's discovery source answers.", ["model", "entry"]
+        )
+        for e in entries:
+            for state, count in e.counts().items():
+                endpoints.add_metric([e.model, e.prefix, state], count)
+            failures.add_metric([e.model, e.prefix], e.failures)
+            up.add_metric([e.model, e.prefix], 0 if e.error else 1)
+        yield from (endpoints, failures, up)
 
     def _degradation(self) -> Iterable[Metric]:
         monitor = self.view.overload

@@ -24,6 +24,7 @@ from shuniu.core.contracts import (
     Balancer,
     CacheStore,
     Classifier,
+    Discovery,
     EndpointSpec,
     Filter,
     RateLimitStore,
@@ -253,6 +254,12 @@ class PoolBuilder:
             max_concurrency=cfg.max_concurrency,
             labels=dict(cfg.labels),
         )
+
+    def discovery(self, kind: str, options: Any) -> Discovery:
+        """The discovery source ``kind`` (registered with ``register_discovery``) for one
+        ``discovery:`` entry, checked against its contract."""
+        reg = self.plugins.registered("discovery")[kind]
+        return _checked(reg.factory(options), Discovery, reg, "discovery source")  # type: ignore[no-any-return]
 
     def balancer(self, resolved: ResolvedDeployment, model_name: str, model: ModelConfig) -> Balancer:
         """The model's balancer: a registered policy, or one composed of filters and scorers."""

@@ -78,6 +78,7 @@ def _endpoint(
         "name": e.name,
         "kind": e.backend.kind,
         "version": e.version,
+        "labels": e.labels,
         "healthy": e.healthy,
         "detail": e.last_health_detail,
         "in_flight": e.in_flight,

@@ -1,0 +1,1 @@
+"""Built-in discovery sources: ``dns`` and ``kubernetes``."""
