@@ -210,16 +210,14 @@ def build_cli(plugins: PluginManager | None = None) -> click.Group:
     @click.pass_context
     def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
         """List installed plugins, their distribution, version and hooks, and what they registered."""
-        from shuniu.core.plugin_manager import CATEGORIES
+        from shuniu.core.plugin_manager import CATEGORIES, singular
 
         plugins = _plugins(ctx)
         registered: dict[str, list[str]] = {}
         try:
             for category in CATEGORIES:
                 for name, reg in plugins.registered(category).items():
-                    registered.setdefault(reg.plugin, []).append(
-                        f"{category[:-1] if category not in ('hardware', 'discovery') else category}:{name}"
-                    )
+                    registered.setdefault(reg.plugin, []).append(f"{singular(category)}:{name}")
         except ConfigError as exc:
             _report_config_error(exc)
         infos = plugins.plugins()

@@ -71,6 +71,14 @@ class Operations:
         log.warning("endpoint %s added to %s (version %s)", cfg.name, model, cfg.version)
         return endpoint
 
+    @staticmethod
+    async def wait_idle(endpoints: list[EndpointState], timeout_s: float) -> None:
+        """Until nothing is in flight on ``endpoints`` (draining ones), or ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(e.in_flight for e in endpoints) and loop.time() < deadline:  # noqa: ASYNC110 - a background poll of counters
+            await asyncio.sleep(0.05)
+
     async def remove_endpoint(self, pool: Pool, endpoint: EndpointState) -> None:
         """Take a drained endpoint (nothing in flight) out of its pool and stop it."""
         pool.remove(endpoint)
@@ -181,10 +189,7 @@ class Operations:
         self, endpoints: list[EndpointState], engines: dict[str, ManagedEngine], grace_s: float
     ) -> None:
         """Stop removed endpoints once nothing runs on them (or the shutdown grace is over)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while any(e.in_flight for e in endpoints) and loop.time() < deadline:  # noqa: ASYNC110 - a background poll of counters
-            await asyncio.sleep(0.05)
+        await self.wait_idle(endpoints, grace_s)
         for endpoint in endpoints:
             await self._watchers.unwatch(endpoint.name)
             try:

@@ -28,6 +28,7 @@ __all__ = [
     "PluginInfo",
     "PluginManager",
     "load_plugins",
+    "singular",
 ]
 
 log = logging.getLogger("shuniu.plugins")
@@ -62,6 +63,12 @@ CATEGORIES: tuple[Category, ...] = (
     "classifiers",
     "discovery",
 )
+
+
+def singular(category: Category) -> str:
+    """One of the category's things: ``backends`` → ``backend``; ``hardware`` and
+    ``discovery`` are their own singular."""
+    return category if category in ("hardware", "discovery") else category[:-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,8 +319,7 @@ def _make_register(
             problems.append(
                 Problem(
                     f"plugin {plugin_name}",
-                    f"{category[:-1] if category not in ('hardware', 'discovery') else category} {name!r} is "
-                    f"already registered by plugin {into[name].plugin!r}",
+                    f"{singular(category)} {name!r} is already registered by plugin {into[name].plugin!r}",
                 )
             )
             return

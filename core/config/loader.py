@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from shuniu.core.config import Deployment, EndpointConfig
 from shuniu.core.contracts import AuthenticatorOptions
 from shuniu.core.errors import ConfigError, Problem
-from shuniu.core.plugin_manager import Category, PluginManager
+from shuniu.core.plugin_manager import Category, PluginManager, singular
 from shuniu.core.pools.launcher import base_url_template, engine_url
 
 __all__ = [
@@ -243,7 +243,7 @@ def _validate_options(
 
 def _unknown(category: Category, name: str, plugins: PluginManager) -> str:
     names = ", ".join(sorted(plugins.registered(category))) or "(none)"
-    thing = {"discovery": "discovery source", "hardware": "hardware probe"}.get(category, category[:-1])
+    thing = {"discovery": "discovery source", "hardware": "hardware probe"}.get(category, singular(category))
     msg = f"unknown {thing} {name!r}; registered: {names}"
     if plugins.failed:
         msg += "; plugins that failed to load: " + ", ".join(f.name for f in plugins.failed)

@@ -41,7 +41,6 @@ __all__ = ["Discoveries", "EntryDiscovery", "endpoint_name", "target_url"]
 log = logging.getLogger("shuniu.discovery")
 
 _MAX_BACKOFF_S = 30.0
-_DRAIN_POLL_S = 0.05
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -74,7 +73,6 @@ class EntryDiscovery:
         state: GatewayState,
         ops: Operations,
         model: str,
-        index: int,
         entry: EndpointConfig,
         options: Any,
         source: Discovery,
@@ -83,7 +81,6 @@ class EntryDiscovery:
         self._state = state
         self._ops = ops
         self.model = model
-        self.index = index
         self.entry = entry
         self.cfg: DiscoveryConfig = entry.discovery
         self.options = options
@@ -114,9 +111,7 @@ class EntryDiscovery:
                         log.warning("discovery of %s/%s works again", self.model, self.prefix)
                         self.error = None
                     backoff = self.cfg.backoff_s
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # (a cancellation is not one: it ends the loop)
                 self.failures += 1
                 detail = f"{type(exc).__name__}: {exc}"
                 if detail != self.error:
@@ -202,20 +197,19 @@ class EntryDiscovery:
                 f"discovered endpoint {name}: backend {self.entry.kind!r} does not serve "
                 f"{' or '.join(sorted(unserved))}, which model {self.model} serves; removed",
             )
-            found = self._state.find_endpoint(name)
-            if found is not None:
-                await self._ops.remove_endpoint(found[0], endpoint)
+            await self._remove(name, endpoint)
             return
         self._warned.discard(name)
         self.owned[name] = endpoint
 
     async def _retire(self, name: str, endpoint: EndpointState) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.drain_timeout_s
-        while endpoint.in_flight and loop.time() < deadline:  # noqa: ASYNC110 - a background poll of a counter
-            await asyncio.sleep(_DRAIN_POLL_S)
+        await self._ops.wait_idle([endpoint], self.cfg.drain_timeout_s)
         self._retiring.pop(name, None)
         self.owned.pop(name, None)
+        await self._remove(name, endpoint)
+
+    async def _remove(self, name: str, endpoint: EndpointState) -> None:
+        # From the pool it is in now (a reload may have moved it to a new one).
         found = self._state.find_endpoint(name)
         if found is not None:
             await self._ops.remove_endpoint(found[0], endpoint)
@@ -267,7 +261,7 @@ class Discoveries:
                         entry.kind,
                     )
                 self.entries.append(
-                    EntryDiscovery(self._state, self._ops, model_name, i, entry, options, source)
+                    EntryDiscovery(self._state, self._ops, model_name, entry, options, source)
                 )
 
     def start(self) -> None:
