@@ -2,4 +2,5 @@
 
 from shuniu.core.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned worker process (capacity models) imports it
+    main()

@@ -42,6 +42,7 @@ from shuniu.core.pipeline.recording import Recorder
 from shuniu.core.pipeline.router import Router
 from shuniu.core.pipeline.routing import check_context
 from shuniu.core.plugin_manager import PluginManager
+from shuniu.core.pools.autoscale import Autoscalers
 from shuniu.core.pools.build import PoolBuilder
 from shuniu.core.pools.discovery import Discoveries
 from shuniu.core.pools.launcher import ManagedEngine
@@ -69,11 +70,14 @@ class Gateway:
         extra_routes: Sequence[Any] = (),
         worker: WorkerInfo | None = None,
         fleet: FleetTransport | None = None,
+        virtual_time: bool = False,
     ) -> None:
         """``extra_routes`` are more Litestar route handlers to serve (e.g. the simulator
         server's ``/metrics``); ``worker``: this process is one of a supervised gateway's
         workers (:mod:`shuniu.core.http.workers`); ``fleet``: the line to the fleet's shared
-        routing state (default: Redis, when the deployment has ``fleet:``)."""
+        routing state (default: Redis, when the deployment has ``fleet:``); ``virtual_time``:
+        the gateway runs on ``shuniu simulate``'s virtual clock, so work that would go to
+        another process (capacity models) runs inline, while no simulated time passes."""
         self.plugins = plugins
         config = resolved.deployment
         gw = config.gateway
@@ -118,6 +122,8 @@ class Gateway:
         """The ``discovery:`` entries' watchers (endpoints found at run time)."""
         self.discoveries.build()
         self.operations.discovered = self.discoveries.owned
+        self.autoscalers = Autoscalers(self.state, builder.capacity_model, inline=virtual_time)
+        """The ``autoscaling:`` signals of the pools that have them."""
         self._builder = builder
         self.hardware = HardwareReadings(plugins)
         self.tracing = setup_tracing(gw.tracing)
@@ -226,6 +232,7 @@ class Gateway:
         if self.fleet is not None:
             await self.fleet.start()
         self.discoveries.start()
+        self.autoscalers.start()
         for fn in self.plugins.hook_functions("gateway_startup"):
             result = fn(gateway=self)
             if inspect.isawaitable(result):
@@ -248,6 +255,7 @@ class Gateway:
                     await result
             except Exception:
                 log.exception("a gateway_shutdown hook failed")
+        await self.autoscalers.stop()
         await self.discoveries.stop()
         await self.watchers.stop()
         if self.fleet is not None:

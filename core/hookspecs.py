@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         RegisterBackend,
         RegisterBalancer,
         RegisterCacheStore,
+        RegisterCapacityModel,
         RegisterClassifier,
         RegisterDiscovery,
         RegisterFilter,
@@ -161,6 +162,19 @@ def register_discovery(register: RegisterDiscovery) -> None:
     :class:`shuniu.core.contracts.Target` each time it may have changed; the gateway adds,
     drains and removes endpoints to match, off the request path. Return value ignored; not
     ``firstresult``.
+    """
+
+
+@hookspec
+def register_capacity_models(register: RegisterCapacityModel) -> None:
+    """Register capacity models (the ``autoscaling.capacity.kind`` of a model), which say
+    how many requests per second one replica serves within the pool's SLO.
+
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options, target)`` returns a :class:`shuniu.core.contracts.CapacityModel` for
+    one pool (``target``: a :class:`shuniu.core.contracts.CapacityTarget`, the pool's SLO and
+    endpoint entries), whose ``replica_capacity(mix)`` the autoscaling signals call off the
+    request path, once per new token mix. Return value ignored; not ``firstresult``.
     """
 
 

@@ -121,6 +121,12 @@ class Operations:
                 old_by_name[e.name] = (pool, e)
         # Synchronous: no request runs while the new pools are built.
         new = self._builder.build(resolved, reuse, state.engines)
+        for model_name, pool in new.pools.items():
+            # The autoscaling signals keep their counts across the reload (same window).
+            old_pool = state.pools.get(model_name)
+            if old_pool is not None and old_pool.demand is not None and pool.demand is not None:
+                if old_pool.demand.span == pool.demand.span:
+                    pool.demand = old_pool.demand
         for model_name, found in self.discovered().items():
             if model_name in new.pools:  # a reload keeps the discovery entries (reload_problems)
                 for endpoint in found:

@@ -49,6 +49,7 @@ Category = Literal[
     "hardware",
     "classifiers",
     "discovery",
+    "capacity_models",
 ]
 CATEGORIES: tuple[Category, ...] = (
     "backends",
@@ -62,6 +63,7 @@ CATEGORIES: tuple[Category, ...] = (
     "hardware",
     "classifiers",
     "discovery",
+    "capacity_models",
 )
 
 

@@ -54,6 +54,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.timeouts", config.TimeoutsConfig),
     ("models.<name>.retries", config.RetryConfig),
     ("models.<name>.outlier", config.OutlierConfig),
+    ("models.<name>.autoscaling", config.AutoscalingConfig),
+    ("models.<name>.autoscaling.capacity", config.CapacityConfig),
     ("fleet", config.FleetConfig),
     ("gateway.access_log", config.AccessLogConfig),
     ("gateway.tracing", config.TracingConfig),
@@ -78,6 +80,7 @@ PLUGIN_PLACES: dict[str, tuple[str, str]] = {
     "caches": ("cache.options", "store"),
     "discovery": ("models.<name>.endpoints[].discovery.options", "kind"),
     "classifiers": ("models.<name>.classifier.options", "kind"),
+    "capacity_models": ("models.<name>.autoscaling.capacity.options", "kind"),
 }
 
 

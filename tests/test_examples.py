@@ -123,3 +123,19 @@ def test_routing_by_request_example_serves_pictures_and_text(gateway_factory) ->
             max_tokens=3,  # type: ignore[misc]
         )
     assert err.value.code == "unsupported_modality"
+
+
+def test_the_autoscaling_example_asks_for_replicas_a_lead_time_before_the_slo_breaks() -> None:
+    """examples/autoscaling (as docs/kubernetes.md quotes it), up to just after the first
+    window that breaks the SLO on the two fixed replicas."""
+    from shuniu.core.traffic import load_workload
+    from shuniu.plugins.tools.simulate import simulate
+
+    plugins = load_plugins()
+    resolved = load_deployment(ROOT / "examples" / "autoscaling" / "deployment.yaml", plugins, env={})
+    workload = load_workload(ROOT / "examples" / "autoscaling" / "ramp.yaml")
+    result = simulate(resolved, plugins, workload, duration=360, seed=0)
+    summary = result.scaling_summary()["chat"]
+    lead_time = resolved.deployment.models["chat"].autoscaling.lead_time_s  # type: ignore[union-attr]
+    assert summary["replicas"] == 2 and summary["slo_broken_at_s"] is not None
+    assert summary["lead_s"] > lead_time

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "examples" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
 KUBERNETES = "1.32.0"
-CRDS = ("monitoring.coreos.com/",)
+CRDS = ("monitoring.coreos.com/", "keda.sh/")
 """API groups of custom resources, which Kubernetes' own schemas do not cover."""
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (with kustomize)")
@@ -46,7 +46,7 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def test_there_are_the_overlays_the_docs_describe() -> None:
-    assert OVERLAYS == ["ascend-mindie", "ha", "nvidia-vllm", "single"]
+    assert OVERLAYS == ["ascend-mindie", "ha", "nvidia-vllm", "nvidia-vllm-keda", "single"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -55,12 +55,63 @@ def test_every_object_passes_kubernetes_schemas(overlay: str) -> None:
     checked = 0
     for obj in objects:
         if obj["apiVersion"].startswith(CRDS):
-            assert obj["kind"] == "ServiceMonitor" and obj["spec"]["endpoints"][0]["path"] == "/metrics"
+            _check_custom(obj, objects)
             continue
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
         checked += 1
     assert checked >= 5
     assert all(o["metadata"].get("namespace") == "shuniu" for o in objects if o["kind"] != "Namespace")
+
+
+def _check_custom(obj: dict[str, Any], objects: list[dict[str, Any]]) -> None:
+    """The custom resources, whose schemas Kubernetes does not ship, checked by hand."""
+    if obj["kind"] == "ServiceMonitor":
+        assert obj["spec"]["endpoints"][0]["path"] == "/metrics"
+        return
+    assert obj["kind"] == "ScaledObject", obj["kind"]
+    spec = obj["spec"]
+    assert set(spec) <= {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "pollingInterval",
+        "cooldownPeriod",
+        "advanced",
+        "triggers",
+    }
+    target = _one(objects, spec["scaleTargetRef"]["kind"], spec["scaleTargetRef"]["name"])
+    assert target["kind"] == "StatefulSet"
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert "shuniu_pool_replica_demand" in trigger["metadata"]["query"]
+    assert float(trigger["metadata"]["threshold"]) == 1.0
+    # It replaces the HPA: one autoscaler per StatefulSet.
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    _check_scaling_matches_the_gateway(objects, spec["minReplicaCount"], spec["maxReplicaCount"])
+
+
+def _check_scaling_matches_the_gateway(objects: list[dict[str, Any]], low: int, high: int) -> None:
+    """The autoscaler's bounds are the gateway's ``min_replicas``/``max_replicas``, and the
+    model it scales on has ``autoscaling:``."""
+    data = yaml.safe_load(_deployment_file(objects))
+    scaled = {name: m["autoscaling"] for name, m in data["models"].items() if "autoscaling" in m}
+    assert scaled
+    for cfg in scaled.values():
+        assert (cfg.get("min_replicas", 1), cfg.get("max_replicas", 64)) == (low, high)
+
+
+def test_the_hpa_scales_the_engines_on_the_look_ahead_signal() -> None:
+    objects = _render("nvidia-vllm")
+    hpa = _one(objects, "HorizontalPodAutoscaler", "vllm")
+    spec = hpa["spec"]
+    target = spec["scaleTargetRef"]
+    assert _one(objects, target["kind"], target["name"])["kind"] == "StatefulSet"
+    (metric,) = spec["metrics"]
+    assert metric["external"]["metric"]["name"] == "shuniu_pool_replica_demand"
+    model = metric["external"]["metric"]["selector"]["matchLabels"]["model"]
+    assert model in yaml.safe_load(_deployment_file(objects))["models"]
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    _check_scaling_matches_the_gateway(objects, spec["minReplicas"], spec["maxReplicas"])
 
 
 def test_the_schema_check_can_fail() -> None:

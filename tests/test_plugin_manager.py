@@ -58,6 +58,8 @@ BUILTINS = {
     "locality",
     "heuristic",
     "discovery_dns",
+    "capacity_simulated",
+    "capacity_static",
     "discovery_kubernetes",
     *BALANCERS,
     *TENANCY,

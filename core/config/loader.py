@@ -63,6 +63,8 @@ class ResolvedDeployment:
     """Model → validated options of its ``classifier``."""
     discovery_options: dict[tuple[str, int], Any] = field(default_factory=dict)
     """(model, endpoint index) → validated options of the entry's ``discovery`` source."""
+    capacity_options: dict[str, Any] = field(default_factory=dict)
+    """Model → validated options of its ``autoscaling.capacity`` model."""
 
 
 def quickstart_text() -> str:
@@ -243,7 +245,11 @@ def _validate_options(
 
 def _unknown(category: Category, name: str, plugins: PluginManager) -> str:
     names = ", ".join(sorted(plugins.registered(category))) or "(none)"
-    thing = {"discovery": "discovery source", "hardware": "hardware probe"}.get(category, singular(category))
+    thing = {
+        "discovery": "discovery source",
+        "hardware": "hardware probe",
+        "capacity_models": "capacity model",
+    }.get(category, singular(category))
     msg = f"unknown {thing} {name!r}; registered: {names}"
     if plugins.failed:
         msg += "; plugins that failed to load: " + ", ".join(f.name for f in plugins.failed)
@@ -286,7 +292,7 @@ def load_deployment(
         deployment = None
     # Plugin names and options are checked on the raw data, so a file with schema problems
     # still gets its plugin problems reported in the same run.
-    parts: dict[str, dict[tuple[str, int], Any]] = {"filters": {}, "scorers": {}, "discovery": {}}
+    parts: dict[str, dict[Any, Any]] = {"filters": {}, "scorers": {}, "discovery": {}, "capacity": {}}
     endpoint_options, balancer_options, scheduler_options, classifier_options = _check_plugins(
         data, plugins, lines, problems, parts
     )
@@ -308,6 +314,7 @@ def load_deployment(
         *tenancy,
         classifier_options=classifier_options,
         discovery_options=parts["discovery"],
+        capacity_options=parts["capacity"],
     )
     _cross_check_tenancy(resolved, lines, problems)
     seen: dict[str, tuple[Any, ...]] = {}
@@ -350,7 +357,7 @@ def _check_plugins(
     plugins: PluginManager,
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
-    parts: dict[str, dict[tuple[str, int], Any]],
+    parts: dict[str, dict[Any, Any]],
 ) -> tuple[dict[tuple[str, int], Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Look up every backend kind, policy, filter, scorer and classifier name, and validate
     their options."""
@@ -412,6 +419,9 @@ def _check_plugins(
                     lines,
                     problems,
                 )
+        autoscaling = model.get("autoscaling")
+        if isinstance(autoscaling, dict):
+            _check_capacity(model_name, autoscaling, plugins, lines, problems, parts)
         endpoints = model.get("endpoints")
         if not isinstance(endpoints, list):
             continue
@@ -450,13 +460,43 @@ def _check_plugins(
     )
 
 
+def _check_capacity(
+    model_name: str,
+    autoscaling: dict[str, Any],
+    plugins: PluginManager,
+    lines: dict[tuple[Any, ...], int],
+    problems: list[Problem],
+    parts: dict[str, dict[Any, Any]],
+) -> None:
+    """Look up a model's capacity model (``autoscaling.capacity``) and validate its options."""
+    capacity = autoscaling.get("capacity") or {}
+    if not isinstance(capacity, dict):
+        return  # the schema reports it
+    kind = capacity.get("kind", "simulated")
+    if not isinstance(kind, str):
+        return
+    loc = ("models", model_name, "autoscaling", "capacity")
+    reg = plugins.registered("capacity_models").get(kind)
+    if reg is None:
+        where = (*loc, "kind") if "kind" in capacity else loc
+        problems.append(
+            Problem(field_path(where), _unknown("capacity_models", kind, plugins), line_for(lines, where))
+        )
+        return
+    options = capacity.get("options") or {}
+    if isinstance(options, dict):
+        parts["capacity"][model_name] = _validate_options(
+            reg.options, options, (*loc, "options"), lines, problems
+        )
+
+
 def _check_discovery(
     discovery: dict[str, Any],
     loc: tuple[Any, ...],
     plugins: PluginManager,
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
-    parts: dict[str, dict[tuple[str, int], Any]],
+    parts: dict[str, dict[Any, Any]],
 ) -> None:
     """Look up an entry's discovery source and validate its options."""
     kind = discovery.get("kind")
@@ -586,7 +626,7 @@ def _check_parts(
     plugins: PluginManager,
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
-    parts: dict[str, dict[tuple[str, int], Any]],
+    parts: dict[str, dict[Any, Any]],
 ) -> None:
     """Validate a composed balancer's filter and scorer names and options."""
     for category in ("filters", "scorers"):

@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from shuniu.core.config.autoscaling import AutoscalingConfig, CapacityConfig
 from shuniu.core.config.base import Options
 from shuniu.core.config.base import Strict as _Strict
 from shuniu.core.config.endpoints import (
@@ -38,8 +39,10 @@ __all__ = [
     "AccessLogConfig",
     "AuthConfig",
     "AuthenticatorConfig",
+    "AutoscalingConfig",
     "BalancerConfig",
     "CacheConfig",
+    "CapacityConfig",
     "ClassifierConfig",
     "DegradeConfig",
     "Deployment",
@@ -434,6 +437,9 @@ class ModelConfig(_Strict):
     """A request with this header runs on the version it names (pinning)."""
     owned_by: str = "shuniu"
     """Shown in ``/v1/models``."""
+    autoscaling: AutoscalingConfig | None = None
+    """Scaling signals for this pool (``shuniu_pool_desired_replicas`` and its inputs), for
+    an HPA or KEDA to scale the engines on. Unset: none."""
 
     @field_validator("tokenizer")
     @classmethod

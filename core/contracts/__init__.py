@@ -14,6 +14,7 @@ cache store        :class:`CacheStore`                     ``register_caches``
 hardware probe     :class:`HardwareProbe`                  ``register_hardware``
 classifier         :class:`Classifier`                     ``register_classifiers``
 discovery          :class:`Discovery` (yields :class:`Target`) ``register_discovery``
+capacity model     :class:`CapacityModel`                  ``register_capacity_models``
 command            :data:`CommandGroup` (click)            ``register_commands``
 =================  =====================================  ==============================
 
@@ -29,6 +30,7 @@ from shuniu.core.contracts.auth import Authenticator, AuthenticatorOptions
 from shuniu.core.contracts.backend import GENERATION, Backend, BackendBase, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
+from shuniu.core.contracts.capacity import CapacityModel, CapacityTarget, EngineEntry, TokenMix
 from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.commands import CommandGroup
 from shuniu.core.contracts.conformance import conform, optional
@@ -41,6 +43,7 @@ from shuniu.core.contracts.registration import (
     BackendFactory,
     BalancerFactory,
     CacheStoreFactory,
+    CapacityModelFactory,
     ClassifierFactory,
     DiscoveryFactory,
     FilterFactory,
@@ -51,6 +54,7 @@ from shuniu.core.contracts.registration import (
     RegisterBackend,
     RegisterBalancer,
     RegisterCacheStore,
+    RegisterCapacityModel,
     RegisterClassifier,
     RegisterDiscovery,
     RegisterFilter,
@@ -77,6 +81,9 @@ __all__ = [
     "BalancerFactory",
     "CacheStore",
     "CacheStoreFactory",
+    "CapacityModel",
+    "CapacityModelFactory",
+    "CapacityTarget",
     "Classifier",
     "ClassifierFactory",
     "CommandGroup",
@@ -86,6 +93,7 @@ __all__ = [
     "DiscoveryFactory",
     "EndpointSpec",
     "EndpointView",
+    "EngineEntry",
     "Filter",
     "FilterFactory",
     "HardwareProbe",
@@ -101,6 +109,7 @@ __all__ = [
     "RegisterBackend",
     "RegisterBalancer",
     "RegisterCacheStore",
+    "RegisterCapacityModel",
     "RegisterClassifier",
     "RegisterDiscovery",
     "RegisterFilter",
@@ -116,6 +125,7 @@ __all__ = [
     "SharedIndex",
     "Target",
     "Ticket",
+    "TokenMix",
     "conform",
     "optional",
 ]

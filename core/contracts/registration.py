@@ -19,6 +19,7 @@ from shuniu.core.contracts.auth import Authenticator
 from shuniu.core.contracts.backend import Backend, EndpointSpec
 from shuniu.core.contracts.balancing import Balancer, Filter, Scorer
 from shuniu.core.contracts.cache import CacheStore
+from shuniu.core.contracts.capacity import CapacityModel, CapacityTarget
 from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.discovery import Discovery
 from shuniu.core.contracts.hardware import HardwareProbe
@@ -30,6 +31,7 @@ __all__ = [
     "BackendFactory",
     "BalancerFactory",
     "CacheStoreFactory",
+    "CapacityModelFactory",
     "ClassifierFactory",
     "DiscoveryFactory",
     "FilterFactory",
@@ -40,6 +42,7 @@ __all__ = [
     "RegisterBackend",
     "RegisterBalancer",
     "RegisterCacheStore",
+    "RegisterCapacityModel",
     "RegisterClassifier",
     "RegisterDiscovery",
     "RegisterFilter",
@@ -98,6 +101,7 @@ CacheStoreFactory = Callable[[Any], CacheStore]
 HardwareProbeFactory = Callable[[Any], HardwareProbe]
 ClassifierFactory = Callable[[Any], Classifier]
 DiscoveryFactory = Callable[[Any], Discovery]
+CapacityModelFactory = Callable[[Any, CapacityTarget], CapacityModel]
 
 RegisterBackend = Register[BackendFactory]
 RegisterBalancer = Register[BalancerFactory]
@@ -110,3 +114,4 @@ RegisterCacheStore = Register[CacheStoreFactory]
 RegisterHardwareProbe = Register[HardwareProbeFactory]
 RegisterClassifier = Register[ClassifierFactory]
 RegisterDiscovery = Register[DiscoveryFactory]
+RegisterCapacityModel = Register[CapacityModelFactory]

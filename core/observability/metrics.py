@@ -403,6 +403,7 @@ class _LiveCollector(Collector):
         yield from self._cache()
         yield from self._fleet()
         yield from self._discovery()
+        yield from self._autoscaling()
         yield from self._hardware()
 
     def _fleet(self) -> Iterable[Metric]:
@@ -451,6 +452,62 @@ class _LiveCollector(Collector):
             failures.add_metric([e.model, e.prefix], e.failures)
             up.add_metric([e.model, e.prefix], 0 if e.error else 1)
         yield from (endpoints, failures, up)
+
+    def _autoscaling(self) -> Iterable[Metric]:
+        scaled = [(name, pool.scaling) for name, pool in self.view.pools.items() if pool.scaling is not None]
+        if not scaled:
+            return
+        m = ["model"]
+        desired = _gauge(
+            "shuniu_pool_desired_replicas",
+            "Engine replicas the pool needs to meet its SLO at the rate forecast lead_time_s "
+            "ahead (within min/max_replicas; the current count until a capacity is known).",
+            m,
+        )
+        demand = _gauge(
+            "shuniu_pool_replica_demand",
+            "Replicas' worth of work this gateway sees, unrounded: max(rate, forecast) x "
+            "(1 + headroom) / replica capacity. Sum it over gateways and workers for a fleet.",
+            m,
+        )
+        rate = _gauge("shuniu_pool_arrival_rate", "Requests per second arriving now (fitted).", m)
+        forecast = _gauge(
+            "shuniu_pool_forecast_arrival_rate", "Requests per second forecast lead_time_s ahead.", m
+        )
+        capacity = _gauge(
+            "shuniu_pool_replica_capacity",
+            "Requests per second one replica serves within the SLO at the observed token mix.",
+            m,
+        )
+        replicas = _gauge("shuniu_pool_replicas", "Endpoints in the pool now (not draining).", m)
+        prompt = _gauge("shuniu_pool_mean_prompt_tokens", "Mean prompt length over the window.", m)
+        output = _gauge("shuniu_pool_mean_output_tokens", "Mean answer length over the window.", m)
+        share = _gauge(
+            "shuniu_pool_cached_prompt_share",
+            "Share of prompt tokens the engines found in their prefix caches (smoothed).",
+            m,
+        )
+        ready = _gauge(
+            "shuniu_pool_autoscaling_ready",
+            "1 when the desired count comes from a known capacity (0: holding the current count).",
+            m,
+        )
+        for name, sig in scaled:
+            labels = [name]
+            desired.add_metric(labels, sig.desired)
+            rate.add_metric(labels, sig.rate)
+            forecast.add_metric(labels, sig.forecast)
+            replicas.add_metric(labels, sig.replicas)
+            ready.add_metric(labels, 1 if sig.state == "ready" else 0)
+            if sig.demand is not None:
+                demand.add_metric(labels, sig.demand)
+            if sig.capacity is not None:
+                capacity.add_metric(labels, sig.capacity)
+            if sig.mix is not None:
+                prompt.add_metric(labels, sig.mix.prompt_tokens)
+                output.add_metric(labels, sig.mix.output_tokens)
+                share.add_metric(labels, sig.mix.cached_share)
+        yield from (desired, demand, rate, forecast, capacity, replicas, prompt, output, share, ready)
 
     def _degradation(self) -> Iterable[Metric]:
         monitor = self.view.overload

@@ -107,6 +107,8 @@ class RequestPath:
                 # whether the prompt fits there.
                 await recount(req, pool.counter)
                 routing.check_context(req, pool)
+            if pool.demand is not None:
+                pool.demand.arrived(arrival, req.prompt_tokens)
         except GatewayError as err:
             await send_error(send, err, request_id, render=wire.error)
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
@@ -204,4 +206,7 @@ class RequestPath:
                 await cache_step.finish(cache, cache_key, req, progress, filler)
             if admission is not None:
                 await identity.settle(tenancy, admission, progress)
-            self.recorder.finished(req, progress, loop.time())
+            now = loop.time()
+            if pool.demand is not None and progress.status < 400:
+                pool.demand.finished(now, progress.completion_tokens)
+            self.recorder.finished(req, progress, now)

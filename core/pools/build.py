@@ -23,9 +23,12 @@ from shuniu.core.contracts import (
     Backend,
     Balancer,
     CacheStore,
+    CapacityModel,
+    CapacityTarget,
     Classifier,
     Discovery,
     EndpointSpec,
+    EngineEntry,
     Filter,
     RateLimitStore,
     Registration,
@@ -37,6 +40,7 @@ from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.pipeline.response_cache import ResponseCache
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pools.composite import Composite
+from shuniu.core.pools.demand import Demand
 from shuniu.core.pools.launcher import (
     ManagedEngine,
     base_url_template,
@@ -174,6 +178,8 @@ class PoolBuilder:
             pool.serves = frozenset(model.serves) | ({"score"} if "rerank" in model.serves else set())
             pool.split_inputs = model.pooling.split_inputs
             pool.classifier = self.classifier(resolved, model_name, model)
+            if model.autoscaling is not None:
+                pool.demand = Demand(model.autoscaling.window_s)
             built.pools[model_name] = pool
             built.resilience[model_name] = Resilience(pool, model.retries, model.outlier, model.timeouts)
             for alias in [model_name, *model.aliases]:
@@ -228,6 +234,23 @@ class PoolBuilder:
         reg = self.plugins.registered("classifiers")[model.classifier.kind]
         options = resolved.classifier_options.get(model_name)
         return _checked(reg.factory(options), Classifier, reg, "classifier")  # type: ignore[no-any-return]
+
+    def capacity_model(self, resolved: ResolvedDeployment, model_name: str) -> CapacityModel:
+        """The capacity model of a model with ``autoscaling:``, built for its pool's SLO."""
+        model = resolved.deployment.models[model_name]
+        cfg = model.autoscaling
+        assert cfg is not None
+        reg = self.plugins.registered("capacity_models")[cfg.capacity.kind]
+        target = CapacityTarget(
+            model=model_name,
+            ttft_p99_s=cfg.ttft_p99_s,
+            itl_p99_s=cfg.itl_p99_s,
+            e2e_p99_s=cfg.e2e_p99_s,
+            engines=tuple(EngineEntry(ep.kind, ep.options) for ep in model.endpoints),
+            max_model_len=model.max_model_len,
+        )
+        options = resolved.capacity_options.get(model_name)
+        return _checked(reg.factory(options, target), CapacityModel, reg, "capacity model")  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Stop the tokenizers' worker threads (at shutdown)."""

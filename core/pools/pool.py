@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from shuniu.core.contracts import Backend, Balancer, Classifier, Scheduler, Ticket
+from shuniu.core.pools.demand import Demand, Signals
 from shuniu.core.tokenization.counter import PromptCounter
 from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
 
@@ -131,10 +132,12 @@ class Pool:
         "balancer",
         "classifier",
         "counter",
+        "demand",
         "dispatched",
         "endpoints",
         "max_model_len",
         "name",
+        "scaling",
         "scheduler",
         "serves",
         "split_inputs",
@@ -169,6 +172,10 @@ class Pool:
         """Inputs per engine call of a pooling request (``pooling.split_inputs``)."""
         self.classifier: Classifier | None = None
         """Labels the model's requests before its routing rules (``classifier:``)."""
+        self.demand: Demand | None = None
+        """Counts arrivals and answers for the autoscaling signals (``autoscaling:``)."""
+        self.scaling: Signals | None = None
+        """The autoscaling signals' last evaluation (:mod:`shuniu.core.pools.autoscale`)."""
         self.dispatched = 0
         """Requests given a slot since start (schedulers estimate queue drain rates from it)."""
         self._next_index = len(endpoints)

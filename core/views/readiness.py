@@ -51,6 +51,8 @@ def readiness(view: StateView, devices: dict[str, list[Any]] | None = None) -> t
             "queued": pool.scheduler.queued,
             "endpoints": [_endpoint(view, e, now, devices) for e in pool.endpoints],
         }
+        if pool.scaling is not None:
+            models[name]["autoscaling"] = pool.scaling.to_json()
     status = "draining" if view.draining else ("ready" if ready else "not_ready")
     return ready, {"status": status, "models": models}
 

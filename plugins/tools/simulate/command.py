@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,45 @@ def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  
             f"{e['busy_share']:.0%}",
         )
     console.print(eps)
+    if s.get("scaling_summary"):
+        _print_scaling(s, console)
+
+
+def _print_scaling(s: dict, console) -> None:  # type: ignore[no-untyped-def,type-arg]
+    from rich.table import Table
+
+    def at(t: float | None) -> str:
+        return "-" if t is None else f"{t:,.0f}"
+
+    table = Table(title="desired replicas against the run's fixed replicas")
+    for col in ("model", "replicas", "rose above (s)", "SLO broken (s)", "ahead (s)", "peak", "back (s)"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for model, m in s["scaling_summary"].items():
+        table.add_row(
+            model,
+            str(m["replicas"]),
+            at(m["rose_at_s"]),
+            at(m["slo_broken_at_s"]) if m["slo_broken_at_s"] is not None else "never",
+            at(m["lead_s"]),
+            f"{m['peak_desired']} at {at(m['peak_at_s'])} s",
+            at(m["fell_at_s"]),
+        )
+    console.print(table)
+    timeline = Table(title="signals over time (every minute)")
+    for col in ("t (s)", "model", "rate now", "forecast", "replica capacity", "desired"):
+        timeline.add_column(col, justify="left" if col == "model" else "right")
+    last: dict[str, float] = {}
+    for x in s["scaling"]:
+        if x["t"] - last.get(x["model"], -math.inf) < 60:
+            continue
+        last[x["model"]] = x["t"]
+        cap = x["replica_capacity"]
+        timeline.add_row(
+            f"{x['t']:,.0f}",
+            x["model"],
+            f"{x['rate']:.1f}/s",
+            f"{x['forecast']:.1f}/s",
+            "-" if cap is None else f"{cap:.1f}/s",
+            str(x["desired"]),
+        )
+    console.print(timeline)

@@ -19,7 +19,9 @@ def plot_timeline(result: SimulationResult, path: str, title: str = "") -> None:
 
     windows = sorted(result.timeline)
     t = [(w + 0.5) * result.window_s for w in windows]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    rows = 3 if result.scaling else 2
+    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 3 * rows))
+    top, bottom = axes[0], axes[1]
     for q, style in ((0.5, "-"), (0.99, "--")):
         top.plot(
             t,
@@ -36,7 +38,22 @@ def plot_timeline(result: SimulationResult, path: str, title: str = "") -> None:
     top.set_ylabel("TTFT (ms)")
     bottom.set_ylabel("mean ITL per request (ms)")
     bottom.set_xlabel("arrival time (simulated s)")
-    for ax in (top, bottom):
+    if result.scaling:
+        # The autoscaling signals: the rate now and forecast, and the desired count.
+        scaled = axes[2]
+        bottom.set_xlabel("")
+        for model in dict.fromkeys(x["model"] for x in result.scaling):
+            xs = [x for x in result.scaling if x["model"] == model]
+            ts = [x["t"] for x in xs]
+            scaled.plot(ts, [x["rate"] for x in xs], "-", label=f"{model} rate now (req/s)")
+            scaled.plot(ts, [x["forecast"] for x in xs], ":", label=f"{model} forecast (req/s)")
+            twin = scaled.twinx()
+            twin.step(ts, [x["desired"] for x in xs], "k-", where="post", label=f"{model} desired replicas")
+            twin.set_ylabel("desired replicas")
+            twin.legend(loc="upper right")
+        scaled.set_ylabel("requests/s")
+        scaled.set_xlabel("simulated s")
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left")
     if title:

@@ -60,6 +60,9 @@ class SimulationResult:
     itl: LogHistogram = field(default_factory=LogHistogram)
     e2e: LogHistogram = field(default_factory=LogHistogram)
     queue: LogHistogram = field(default_factory=LogHistogram)
+    tpot: LogHistogram = field(default_factory=LogHistogram)
+    """Each request's mean inter-token latency (what the gateway's
+    ``shuniu_inter_token_latency_seconds`` observes; ``itl`` is every token gap)."""
     per_endpoint: dict[str, dict[str, Any]] = field(default_factory=dict)
     endpoint_latency: dict[str, tuple[LogHistogram, LogHistogram]] = field(default_factory=dict)
     """Time to first token and end-to-end latency of the requests each endpoint served
@@ -71,6 +74,9 @@ class SimulationResult:
     """Window index (by arrival time) → (TTFT, per-request mean ITL) histograms, for plots."""
     tiers: dict[str, TierResult] = field(default_factory=dict)
     """The same figures per tier (the workload's ``tier`` of each request)."""
+    scaling: list[dict[str, Any]] = field(default_factory=list)
+    """Every window, each ``autoscaling:`` pool's signals (``t``, ``model``, ``rate``,
+    ``forecast``, ``replica_capacity``, ``demand``, ``desired``, ``replicas``)."""
 
     def tier(self, name: str) -> TierResult:
         t = self.tiers.get(name)
@@ -85,6 +91,55 @@ class SimulationResult:
         window[0].add(ttft)
         if itl is not None:
             window[1].add(itl)
+            self.tpot.add(itl)
+
+    def window_p99(self) -> list[dict[str, Any]]:
+        """Per window of arrivals: its start, TTFT p99 and per-request ITL p99 (``None``
+        when the window has none)."""
+        out = []
+        for w in sorted(self.timeline):
+            ttft, itl = self.timeline[w]
+            out.append(
+                {
+                    "t": w * self.window_s,
+                    "ttft_p99": ttft.quantile(0.99),
+                    "itl_p99": itl.quantile(0.99) if itl.count else None,
+                }
+            )
+        return out
+
+    def scaling_summary(self) -> dict[str, dict[str, Any]]:
+        """Per autoscaled model, how its desired count moved against the SLO on the fixed
+        replicas the run had: when it first rose above them (``rose_at_s``), when the first
+        window of arrivals broke the SLO (``slo_broken_at_s``; TTFT p99 or per-request ITL
+        p99 above target), the difference (``lead_s``: positive is ahead), the peak, and when
+        it came back down to them after the peak (``fell_at_s``)."""
+        slo = self.slo or {}
+        ttft_target, itl_target = slo.get("ttft_p99_s"), slo.get("itl_p99_s")
+        broken = [
+            w["t"]
+            for w in self.window_p99()
+            if (ttft_target is not None and w["ttft_p99"] > ttft_target)
+            or (itl_target is not None and w["itl_p99"] is not None and w["itl_p99"] > itl_target)
+        ]
+        out: dict[str, dict[str, Any]] = {}
+        for model in dict.fromkeys(x["model"] for x in self.scaling):
+            samples = [x for x in self.scaling if x["model"] == model]
+            replicas = samples[0]["replicas"]
+            rose = next((x["t"] for x in samples if x["desired"] > replicas), None)
+            peak = max(samples, key=lambda x: x["desired"])
+            fell = next((x["t"] for x in samples if x["t"] > peak["t"] and x["desired"] <= replicas), None)
+            first_broken = broken[0] if broken else None
+            out[model] = {
+                "replicas": replicas,
+                "rose_at_s": rose,
+                "slo_broken_at_s": first_broken,
+                "lead_s": first_broken - rose if rose is not None and first_broken is not None else None,
+                "peak_desired": peak["desired"],
+                "peak_at_s": peak["t"],
+                "fell_at_s": fell,
+            }
+        return out
 
     def summary(self) -> dict[str, Any]:
         """The figures ``--json`` prints."""
@@ -93,6 +148,7 @@ class SimulationResult:
             "ttft_p99": self.ttft.quantile(0.99),
             "itl_p50": self.itl.quantile(0.5),
             "itl_p99": self.itl.quantile(0.99),
+            "tpot_p99": self.tpot.quantile(0.99) if self.tpot.count else None,
             "e2e_p50": self.e2e.quantile(0.5),
             "e2e_p99": self.e2e.quantile(0.99),
             "queue_p99": self.queue.quantile(0.99),
@@ -113,4 +169,13 @@ class SimulationResult:
             "simulated_requests_per_wall_s": self.requests_arrived / self.wall_s if self.wall_s else 0.0,
             "per_endpoint": self.per_endpoint,
             "tiers": {name: t.summary(bool(self.slo)) for name, t in sorted(self.tiers.items())},
+            **(
+                {
+                    "scaling_summary": self.scaling_summary(),
+                    "scaling": self.scaling,
+                    "windows": self.window_p99(),
+                }
+                if self.scaling
+                else {}
+            ),
         }

@@ -11,6 +11,7 @@ engine, one event per engine iteration.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -92,6 +93,8 @@ async def _run(
         try:
             pool = gateway.router.resolve(req, pool)
             gateway.check_context(req, pool)
+            if pool.demand is not None:  # as the request path counts it, after routing
+                pool.demand.arrived(now, req.prompt_tokens)
             ticket = await pool.scheduler.admit(req, pool)
         except GatewayError as err:
             result.rejected += 1
@@ -125,6 +128,8 @@ async def _run(
         finally:
             pool.scheduler.release(ticket, outcome)
         end = loop.time()
+        if pool.demand is not None:
+            pool.demand.finished(end, seq.output_count)
         first = seq.first_token_at if seq.first_token_at is not None else end
         ttft = first - now
         result.ttft.add(ttft)
@@ -145,6 +150,7 @@ async def _run(
             result.met_slo += 1
             tier.met_slo += 1
 
+    sampler = loop.create_task(_sample_scaling(gateways, result)) if _scaled(gateways) else None
     n = 0
     for spec in requests:
         delay = spec.arrival - loop.time()
@@ -167,6 +173,8 @@ async def _run(
         if pending:
             await asyncio.wait(pending)
     result.sim_time_s = loop.time()
+    if sampler is not None:
+        sampler.cancel()
     if progress is not None:
         progress(loop.time(), n)
     for pool in gateway.pools.values():
@@ -192,6 +200,44 @@ async def _run(
                     result.per_endpoint[ep.name][f"{what}_p99"] = hist.quantile(0.99)
     for gw in gateways:
         await gw.stop()
+
+
+def _scaled(gateways: list[Any]) -> bool:
+    return any(gw.autoscalers.scalers for gw in gateways)
+
+
+async def _sample_scaling(gateways: list[Any], result: SimulationResult) -> None:
+    """Every window, each autoscaled pool's signals (summed over the gateways, as a fleet's
+    gauges are: ``desired`` is the ceiling of the summed demand)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(result.window_s)
+        now = loop.time()
+        for name in gateways[0].autoscalers.scalers:
+            signals = [gw.pools[name].scaling for gw in gateways if gw.pools[name].scaling is not None]
+            if not signals:
+                continue
+            first = signals[0]
+            cfg = gateways[0].autoscalers.scalers[name].config
+            demands = [s.demand for s in signals if s.demand is not None]
+            demand = sum(demands) if demands else None
+            if demand is not None and len(demands) == len(signals):
+                desired = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(demand - 1e-9)))
+            else:
+                desired = first.desired
+            result.scaling.append(
+                {
+                    "t": now,
+                    "model": name,
+                    "state": first.state,
+                    "rate": sum(s.rate for s in signals),
+                    "forecast": sum(s.forecast for s in signals),
+                    "replica_capacity": first.capacity,
+                    "demand": demand,
+                    "desired": desired,
+                    "replicas": first.replicas,
+                }
+            )
 
 
 def simulate(
@@ -223,7 +269,7 @@ def simulate(
         # Built inside the virtual loop so every timer the gateway creates lives on it.
         hub = MemoryHub() if gateways > 1 and shared_state else None
         built = [
-            Gateway(resolved, plugins, fleet=hub.transport() if hub is not None else None)
+            Gateway(resolved, plugins, fleet=hub.transport() if hub is not None else None, virtual_time=True)
             for _ in range(gateways)
         ]
         for i, g in enumerate(built):

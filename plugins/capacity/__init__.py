@@ -1,0 +1,1 @@
+"""Built-in capacity models for the autoscaling signals: ``simulated`` and ``static``."""
