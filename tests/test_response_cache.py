@@ -293,3 +293,49 @@ def test_n_above_one_is_not_cacheable(n: int) -> None:
     req = _req(BODY)
     req.body["n"] = n
     assert not ResponseCache.cacheable(req, True)
+
+
+def test_a_waiter_that_gets_the_lock_just_after_the_fill_takes_the_stored_answer() -> None:
+    """Two processes' caches on one store. The second looks (nothing yet), and before it
+    tries the lock again the first stores its answer and unlocks: the lock is free, but the
+    answer is there, so the second must take it rather than ask the engine (and fill) again."""
+
+    class SharedStore(MemoryCache):
+        """The memory store with the fill lock a shared store (Redis) has."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.locked: set[str] = set()
+
+        async def lock(self, key: str, ttl_s: float) -> bool:
+            if key in self.locked:
+                return False
+            self.locked.add(key)
+            return True
+
+        async def unlock(self, key: str) -> None:
+            self.locked.discard(key)
+
+    async def run() -> None:
+        store = SharedStore()
+        first, second = (ResponseCache(CacheConfig(), store) for _ in range(2))
+        req = _req(BODY)
+        key = first.key(req, "m", "v1")
+        assert await first.lookup(key) == (None, True)
+        get = store.get
+        looks = 0
+
+        async def get_then_fill(k: str) -> bytes | None:
+            nonlocal looks
+            looks += 1
+            value = await get(k)
+            if looks == 2:  # the second process's first look after waiting: it saw nothing...
+                await first.fill(key, req, _filled(["p", "q"]))  # ...and now the fill lands
+            return value
+
+        store.get = get_then_fill  # type: ignore[method-assign]
+        answer, fills = await asyncio.wait_for(second.lookup(key), 5)
+        assert answer is not None and answer.pieces == ["p", "q"] and not fills
+        assert not store.locked  # the second released the lock it took
+
+    asyncio.run(run())

@@ -220,7 +220,9 @@ class ResponseCache:
         stored while this one waited for it."""
         delay = _POLL_START_S
         deadline = time.monotonic() + self.config.lock_ttl_s
+        waited = False
         while not await self.store.lock(key, self.config.lock_ttl_s):
+            waited = True
             await asyncio.sleep(delay)
             value = await self.store.get(key)
             if value is not None and (answer := _decode(value)) is not None:
@@ -228,6 +230,13 @@ class ResponseCache:
             if time.monotonic() > deadline:
                 return None  # the filler is stuck: ask the engine without the lock
             delay = min(delay * 2, _POLL_MAX_S)
+        if waited:
+            # The lock came free: the filler may have stored its answer and unlocked between
+            # this process's last look and its lock, so look once more before filling again.
+            value = await self.store.get(key)
+            if value is not None and (answer := _decode(value)) is not None:
+                await self.store.unlock(key)
+                return answer
         return None
 
     async def fill(self, key: str, req: InferenceRequest, filler: Filler) -> None:
