@@ -124,6 +124,8 @@ class Gateway:
         self.operations.discovered = self.discoveries.owned
         self.autoscalers = Autoscalers(self.state, builder.capacity_model, inline=virtual_time)
         """The ``autoscaling:`` signals of the pools that have them."""
+        if self.fleet is not None:
+            self.autoscalers.peers = self.fleet.peer_demand
         self._builder = builder
         self.hardware = HardwareReadings(plugins)
         self.tracing = setup_tracing(gw.tracing)

@@ -124,6 +124,7 @@ def test_desired_covers_the_forecast_with_headroom_and_follows_the_rate_down(plu
     # Nothing has arrived: the floor is enough.
     sig = scaler.evaluate(0.5, submit)
     assert (sig.state, sig.desired, sig.replicas) == ("ready", 1, 2)
+    assert scaler.pool.scaling is sig  # what /metrics and /ready read
     # 30 s of a rate rising by 0.5/s each second (1, 1.5, ... arrivals averaged per pair).
     t = 1
     for sec in range(30):
@@ -419,3 +420,45 @@ def test_a_reload_keeps_the_counts_and_the_computed_capacities(
             await gw.stop()
 
     asyncio.run(run())
+
+
+async def test_gateways_sharing_state_each_ask_for_the_fleets_replicas(plugins: PluginManager) -> None:
+    """With ``fleet:`` the gateways say what they see; each one's desired count covers the
+    fleet's demand, while its replica_demand gauge stays its own share."""
+    from shuniu.core.fleet import MemoryHub
+    from shuniu.core.gateway import Gateway
+
+    hub = MemoryHub()
+    text = SCALED.replace("tokens_per_s: 2000", "requests_per_s: 4")
+    a, b = (
+        Gateway(load_deployment("<a>", plugins, text=text), plugins, fleet=hub.transport(), virtual_time=True)
+        for _ in range(2)
+    )
+    assert a.fleet is not None and b.fleet is not None
+    t0 = 1000
+    for gw, per_second in ((a, 6), (b, 3)):
+        demand = gw.pools["chat"].demand
+        assert demand is not None
+        for sec in range(t0, t0 + 30):
+            for _ in range(per_second):
+                demand.arrived(sec + 0.1, 100)
+                demand.finished(sec + 0.2, 10)
+    now = t0 + 30.0
+    for gw in (a, b):
+        gw.autoscalers.evaluate(now, force=True)
+    alone = a.pools["chat"].scaling
+    assert alone is not None and alone.peers == 0
+    assert alone.desired == math.ceil(6 * 1.25 / 4)  # 2: its own traffic only
+    for gw in (a, b, a):
+        await gw.fleet.sync_once()  # type: ignore[union-attr]
+    a.autoscalers.evaluate(now, force=True)
+    sig = a.pools["chat"].scaling
+    assert sig is not None and sig.peers == 1
+    assert sig.fleet_ahead == pytest.approx(9.0)
+    assert sig.demand == pytest.approx(6 * 1.25 / 4)  # the gauge to sum stays its share
+    assert sig.desired == math.ceil(9 * 1.25 / 4)  # 3: the fleet's
+    # A peer that stops publishing is forgotten, and with it its demand.
+    a.fleet.stale_after_s = 0.0
+    await a.fleet.sync_once()
+    a.autoscalers.evaluate(now, force=True)
+    assert a.pools["chat"].scaling.peers == 0  # type: ignore[union-attr]

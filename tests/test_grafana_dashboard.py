@@ -50,6 +50,10 @@ models:
   chat:
     health: {{interval_s: 0.05}}
     load: {{interval_s: 0.05}}
+    autoscaling:
+      ttft_p99_s: 1.0
+      interval_s: 0.1
+      capacity: {{kind: static, options: {{requests_per_s: 5}}}}
     endpoints:
       - kind: sim
         replicas: 2
@@ -120,6 +124,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Family]:
         with pytest.raises(openai.RateLimitError):
             client.chat.completions.create(model="narrow", messages=hello, max_tokens=2)
         holder.close()
+
+        def scaled() -> bool:  # the autoscaling signals have a mix and a capacity
+            signals = httpx.get(f"{gw.url}/ready", timeout=10).json()["models"]["chat"]["autoscaling"]
+            return signals["state"] == "ready" and signals["replica_capacity"] is not None
+
+        wait_until(scaled, timeout=60)
         text = httpx.get(f"{gw.url}/metrics", timeout=30).text
     finally:
         gw.stop()
@@ -140,6 +150,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Family]:
         "shuniu_cache_hits",
         "shuniu_scheduler_rejected",
         "shuniu_device_memory_total_bytes",
+        "shuniu_pool_desired_replicas",
+        "shuniu_pool_replica_capacity",
     ):
         assert needed in families and families[needed].has_samples, needed
     return families

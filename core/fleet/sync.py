@@ -53,6 +53,9 @@ class FleetBatch(msgspec.Struct, array_like=True):
     """The sender's shuniu version (last: batches of an older sender decode without it)."""
     loads: list[tuple[str, str, EndpointLoad]] = msgspec.field(default_factory=list)
     """(pool, endpoint, snapshot) of the engines this gateway polls for the fleet."""
+    demand: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
+    """Pool → (arrival rate now, forecast) this gateway sees, for pools with
+    ``autoscaling:`` (so each gateway's desired count is the fleet's)."""
 
 
 class _Peer(msgspec.Struct):
@@ -60,6 +63,7 @@ class _Peer(msgspec.Struct):
     """When its last batch arrived (loop time)."""
     inflight: dict[str, dict[str, tuple[int, int]]]
     version: str
+    demand: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -93,6 +97,7 @@ class FleetSync:
         """The other gateways heard from within ``stale_after_s``."""
         self._task: asyncio.Task[None] | None = None
         self._last_inflight: dict[str, dict[str, tuple[int, int]]] | None = None
+        self._last_demand: dict[str, tuple[float, float]] = {}
         self._last_sent = 0.0
         self.degraded = False
         self.syncs = 0
@@ -182,14 +187,21 @@ class FleetSync:
             for name, pool in pools.items()
         }
         inflight = {k: v for k, v in inflight.items() if v}
+        demand = {
+            name: (pool.scaling.rate, pool.scaling.forecast)
+            for name, pool in pools.items()
+            if pool.scaling is not None
+        }
         heartbeat = now - self._last_sent >= self.stale_after_s / 3
-        if not prefixes and not self._offered and inflight == self._last_inflight and not heartbeat:
+        unchanged = inflight == self._last_inflight and demand == self._last_demand
+        if not prefixes and not self._offered and unchanged and not heartbeat:
             return b""
         self._last_inflight = inflight
+        self._last_demand = demand
         self._last_sent = now
         loads = [(p, e, snap) for (p, e), snap in self._offered.items()]
         self._offered = {}
-        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads))
+        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads, demand))
 
     # -- in -------------------------------------------------------------------------------
 
@@ -206,7 +218,7 @@ class FleetSync:
             if batch.gateway == self.name:
                 continue
             if wall - batch.sent <= self.stale_after_s:
-                self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version)
+                self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version, batch.demand)
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
                     local = endpoints.get((pool_name, endpoint))
@@ -268,6 +280,18 @@ class FleetSync:
         return self._shared_loads.get((pool, endpoint))
 
     # -- reading ----------------------------------------------------------------------------
+
+    def peer_demand(self, pool: str) -> tuple[float, int]:
+        """What the other live gateways last said they see for ``pool`` with
+        ``autoscaling:``: the sum of each one's ``max(rate now, forecast)``, and how many."""
+        ahead = 0.0
+        n = 0
+        for peer in self._peers.values():
+            got = peer.demand.get(pool)
+            if got is not None:
+                ahead += max(got)
+                n += 1
+        return ahead, n
 
     def status(self, now: float) -> dict[str, Any]:
         """For ``/status.json``: this gateway's name, the others heard from (when last, their

@@ -126,9 +126,15 @@ class PoolScaler:
             self._cached_share += alpha * (min(1.0, hits / queries) - self._cached_share)
         return self._cached_share
 
-    def evaluate(self, now: float, submit: Callable[[TokenMix], Future[float] | float]) -> Signals:
+    def evaluate(
+        self,
+        now: float,
+        submit: Callable[[TokenMix], Future[float] | float],
+        peers: tuple[float, int] = (0.0, 0),
+    ) -> Signals:
         """Recompute the signals at ``now``. A capacity not known yet is asked of
-        ``submit`` (which answers at once, or with a future)."""
+        ``submit`` (which answers at once, or with a future). ``peers``: the fleet's other
+        gateways' summed ``max(rate, forecast)`` for this pool, and how many they are."""
         cfg = self.config
         counts, prompt, finished, output = self.demand.window(now)
         rate, forecast = fit_rate(counts, cfg.lead_time_s)
@@ -139,13 +145,16 @@ class PoolScaler:
             mix = TokenMix(prompt / arrivals, output / finished, share)
         replicas = self._replicas()
         sig = Signals(rate, forecast, mix, replicas=replicas, desired=replicas, lead_time_s=cfg.lead_time_s)
+        ahead = max(rate, forecast)
+        if peers[1]:
+            sig.peers, sig.fleet_ahead = peers[1], ahead + peers[0]
         if mix is None:
-            if not arrivals:
+            if not arrivals and not peers[0]:
                 # Nothing arrives: no mix is needed to know that the floor is enough.
                 sig.state, sig.demand, sig.desired = "ready", 0.0, cfg.min_replicas
             else:
                 sig.state = "starting"  # requests arrived, none finished yet: hold
-            self.signals = sig
+            self.signals = self.pool.scaling = sig
             return sig
         point = grid_mix(mix)
         if self._point is not None and point != self._point and near(mix, self._point):
@@ -162,8 +171,9 @@ class PoolScaler:
             sig.state = "unreachable"
         elif capacity is not None:
             sig.state = "ready"
-            sig.demand = max(rate, forecast) * (1 + cfg.headroom) / capacity
-            sig.desired = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(sig.demand - 1e-9)))
+            sig.demand = ahead * (1 + cfg.headroom) / capacity
+            fleet = sig.demand if sig.fleet_ahead is None else sig.fleet_ahead * (1 + cfg.headroom) / capacity
+            sig.desired = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(fleet - 1e-9)))
         self.signals = self.pool.scaling = sig
         return sig
 
@@ -222,6 +232,8 @@ class Autoscalers:
         self._executor: Executor | None = None
         self._task: asyncio.Task[None] | None = None
         self._due: dict[str, float] = {}
+        self.peers: Callable[[str], tuple[float, int]] | None = None
+        """With ``fleet:``: the other gateways' demand for a pool (``FleetSync.peer_demand``)."""
         self.sync()
 
     def sync(self) -> None:
@@ -274,7 +286,8 @@ class Autoscalers:
         for name, scaler in self.scalers.items():
             if force or now >= self._due.get(name, now):
                 try:
-                    scaler.evaluate(now, self._submit(scaler))
+                    peers = self.peers(name) if self.peers is not None else (0.0, 0)
+                    scaler.evaluate(now, self._submit(scaler), peers)
                 except Exception:
                     log.exception("autoscaling of %s: evaluation failed", name)
                 self._due[name] = now + scaler.config.interval_s

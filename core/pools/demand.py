@@ -114,11 +114,17 @@ class Signals:
     capacity: float | None = None
     """Requests per second one replica serves at the mix within the SLO (``None``: not known yet)."""
     demand: float | None = None
-    """Replicas' worth of work: ``max(rate, forecast) * (1 + headroom) / capacity``."""
+    """Replicas' worth of the work this gateway sees: ``max(rate, forecast) * (1 +
+    headroom) / capacity``."""
     desired: int = 0
-    """The replica count to scale to."""
+    """The replica count to scale to: the ceiling of the demand, the fleet's when the
+    gateways share state (``fleet:``), within the bounds."""
     replicas: int = 0
     """Endpoints in the pool now (not draining)."""
+    peers: int = 0
+    """Other gateways of the fleet (``fleet:``) whose demand ``desired`` includes."""
+    fleet_ahead: float | None = None
+    """With peers: ``max(rate, forecast)`` summed over the fleet, this gateway included."""
     lead_time_s: float = 0.0
     """How far ahead ``forecast`` looks (the pool's ``lead_time_s``)."""
     state: str = "starting"
@@ -145,4 +151,6 @@ class Signals:
             "demand": None if self.demand is None else round(self.demand, 3),
             "desired": self.desired,
             "replicas": self.replicas,
+            "peers": self.peers,
+            "fleet_ahead": None if self.fleet_ahead is None else round(self.fleet_ahead, 3),
         }
