@@ -22,7 +22,7 @@ from shuniu.core.fleet import MemoryHub
 from shuniu.core.gateway import Gateway
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.pools.load import load_score
-from shuniu.core.types import InferenceRequest
+from shuniu.core.types import InferenceRequest, Outcome
 from tests.conftest import GatewayProcess, start_gateway, start_process, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -478,3 +478,58 @@ async def test_an_endpoints_concurrency_limit_holds_across_the_fleet() -> None:
     await b.fleet.sync_once()
     assert woken == [pool]
     assert pool.try_dispatch(_req("two"), loop.time()) is not None
+
+
+QUEUED = """
+models:
+  chat:
+    scheduler: {policy: priority, options: {tiers: {free: {max_share: 0.5}}}}
+    endpoints:
+      - {kind: sim, replicas: 2, max_concurrency: 2, options: {ttft_ms: 0, tokens_per_s: 0}}
+"""
+
+
+async def test_tenant_service_and_tier_slots_are_shared_once_per_batch() -> None:
+    """What a gateway's queue charged a tenant reaches the others once (two batches between
+    their syncs add up; later syncs charge nothing more), and its tiers' slots count against
+    their max_share while they are held."""
+    plugins = load_plugins()
+    hub = MemoryHub()
+    a, b = (
+        Gateway(load_deployment("q.yaml", plugins, text=QUEUED, env={}), plugins, fleet=hub.transport())
+        for _ in range(2)
+    )
+    assert a.fleet is not None and b.fleet is not None
+    sa, sb = a.pools["chat"].scheduler, b.pools["chat"].scheduler
+    for s in (sa, sb):
+        s.fleet_state()  # both queues are part of the fleet from here
+    # A backlog on b (its four slots held, one waiter): a charge has somewhere to go.
+    pool_b = b.pools["chat"]
+    held = [await sb.admit(_req(f"h{i}"), pool_b) for i in range(4)]
+    waiting = asyncio.create_task(sb.admit(_req("w"), pool_b))
+    await asyncio.sleep(0)
+    assert sb.queued == 1
+    level_tenant = lambda s: s._levels[0].tenants["acme"].finish  # noqa: E731
+    # a's queue charges tenant acme twice, each time followed by a batch of a's.
+    for charge in (300.0, 500.0):
+        sa._service = {"0": {"acme": charge}}
+        await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert level_tenant(sb) == pytest.approx(800.0)
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert level_tenant(sb) == pytest.approx(800.0)  # nothing new said, nothing charged
+    # Slots of tier free held through a: b's share of free is full (half of 4 slots).
+    sa._tiers["free"].in_flight = 2
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert sb._tiers["free"].remote_in_flight == 2
+    assert not sb._tiers["free"].has_room(b.pools["chat"])
+    sa._tiers["free"].in_flight = 0
+    await a.fleet.sync_once()
+    await b.fleet.sync_once()
+    assert sb._tiers["free"].remote_in_flight == 0
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    for ticket in held:
+        sb.release(ticket, Outcome.OK)

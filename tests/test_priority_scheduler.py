@@ -645,3 +645,62 @@ async def test_headroom_leaves_slots_for_better_tiers() -> None:
     for ticket in [premium[1], *free, t]:
         s.release(ticket, OK)
     assert s.queued == 0 and sum(e.in_flight for e in pool.endpoints) == 0
+
+
+# -- the fleet (fleet:) -----------------------------------------------------------------------
+
+
+async def test_service_a_tenant_got_through_another_gateway_counts_here() -> None:
+    """Tenants a and b with equal weights queue alternately on a one-slot pool. Alone, the
+    queue alternates them; told, once the backlog has begun, that a was already served 1,000
+    tokens' worth elsewhere in the fleet, it serves b's first five (200 tokens each) before
+    a's turn comes."""
+
+    async def order(charge: float) -> list[str]:
+        pool, s = _pool([1])
+        s.fleet_state()  # a fleet takes this queue's state from now on
+        held = await s.admit(_req(0, tenant="x"), pool)
+        tasks = await _queue(s, pool, [_req(1, tenant="b")])
+        if charge:
+            s.merge_fleet([{"service": {"0": {"a": charge}}}])
+        reqs = [_req(i, tenant="a" if i % 2 == 0 else "b") for i in range(2, 13)]
+        tasks += await _queue(s, pool, reqs)
+        return [t.request.principal.tenant for t in await _drain(s, held, tasks)]
+
+    assert await order(0) == ["b", "a"] * 6
+    charged = await order(1000.0)
+    assert charged[:5] == ["b"] * 5 and charged.count("a") == charged.count("b") == 6
+    # Without a backlog here there is nothing to be fair about: a charge is dropped.
+    _, s = _pool([1])
+    s.merge_fleet([{"service": {"0": {"a": 1000.0}}}])
+    assert s.snapshot()["tenants"] == 0
+
+
+async def test_the_queue_says_the_service_it_charged_once_and_its_tiers_slots() -> None:
+    pool, s = _pool([1, 1], tiers={"free": {"max_share": 0.5}})
+    assert s.fleet_state() == {"tiers": {}, "service": {}}
+    held = await s.admit(_req(0, tenant="a", tier="free"), pool)
+    tasks = await _queue(s, pool, [_req(1, tenant="a", tier="free", prompt=300, max_tokens=100)])
+    state = s.fleet_state()
+    assert state["tiers"] == {"free": 1}
+    assert state["service"] == {"0": {"a": pytest.approx(400.0)}}  # cost / weight 1
+    assert s.fleet_state()["service"] == {}  # said once
+    await _cancel(tasks)
+    s.release(held, OK)
+
+
+async def test_a_tiers_share_counts_the_fleets_slots() -> None:
+    """free may hold half of 4 slots. Two of its requests run on another gateway: here it
+    gets none; once they end there, it gets its two."""
+    pool, s = _pool([2, 2], tiers={"free": {"max_share": 0.5}})
+    s.merge_fleet([{"tiers": {"free": 2}}])
+    tasks = await _queue(s, pool, [_req(1, tier="free")])
+    assert pool.endpoints[0].in_flight + pool.endpoints[1].in_flight == 0
+    s.merge_fleet([{"tiers": {}}])
+    s.wake(pool)
+    await asyncio.wait_for(tasks[0], 1)
+    second = await s.admit(_req(2, tier="free"), pool)
+    third = await _queue(s, pool, [_req(3, tier="free")])  # its share is full again
+    await _cancel(third)
+    s.release(tasks[0].result(), OK)
+    s.release(second, OK)

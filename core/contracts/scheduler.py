@@ -13,8 +13,8 @@ Subclass :class:`Scheduler` to inherit the defaults of its optional members.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from shuniu.core.contracts.conformance import optional
 from shuniu.core.contracts.views import PoolView, Ticket
@@ -63,3 +63,19 @@ class Scheduler(Protocol):
     def rejected(self) -> Mapping[str, int]:
         """Optional: refusals since start by error code (``/metrics``). Default: none."""
         return _NONE
+
+    @optional
+    def fleet_state(self) -> Mapping[str, Any] | None:
+        """Optional: what the fleet's other gateways should know of this queue
+        (``fleet:``), taken once per sync, off the request path: a mapping of plain values
+        (msgpack: strings, numbers, lists, mappings). ``None`` (the default): nothing."""
+        return None
+
+    @optional
+    def merge_fleet(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Optional: the latest :meth:`fleet_state` of each other live gateway, once per
+        sync, so that shares and limits hold across the fleet. Its ``service`` member (if
+        any) is passed once, in the sync that brought it, and empty after: a state may say
+        both what holds now (``tiers``) and what happened since it last spoke. The default
+        ignores them."""
+        return None

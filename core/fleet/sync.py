@@ -56,6 +56,8 @@ class FleetBatch(msgspec.Struct, array_like=True):
     demand: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
     """Pool → (arrival rate now, forecast) this gateway sees, for pools with
     ``autoscaling:`` (so each gateway's desired count is the fleet's)."""
+    queues: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Pool → its scheduler's ``fleet_state()`` (tiers' slots, tenants' service)."""
 
 
 class _Peer(msgspec.Struct):
@@ -64,10 +66,26 @@ class _Peer(msgspec.Struct):
     inflight: dict[str, dict[str, tuple[int, int]]]
     version: str
     demand: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
+    queues: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Pool → the scheduler state it last sent."""
+    fresh: set[str] = msgspec.field(default_factory=set)
+    """Pools whose state came in the last exchange (their ``service`` not yet merged)."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(FleetBatch).decode
+
+
+def _add_service(state: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """Fold the ``service`` (priority → tenant → amount) of an earlier state into ``state``."""
+    if not earlier.get("service"):
+        return
+    total: dict[str, dict[str, float]] = {p: dict(t) for p, t in (state.get("service") or {}).items()}
+    for prio, tenants in earlier["service"].items():
+        into = total.setdefault(prio, {})
+        for tenant, amount in tenants.items():
+            into[tenant] = into.get(tenant, 0.0) + amount
+    state["service"] = total
 
 
 def gateway_id() -> str:
@@ -98,6 +116,7 @@ class FleetSync:
         self._task: asyncio.Task[None] | None = None
         self._last_inflight: dict[str, dict[str, tuple[int, int]]] | None = None
         self._last_demand: dict[str, tuple[float, float]] = {}
+        self._last_queues: dict[str, dict[str, Any]] = {}
         self._last_sent = 0.0
         self.degraded = False
         self.syncs = 0
@@ -192,16 +211,29 @@ class FleetSync:
             for name, pool in pools.items()
             if pool.scaling is not None
         }
+        queues: dict[str, dict[str, Any]] = {}
+        for name, pool in pools.items():
+            state = pool.scheduler.fleet_state()
+            if state is not None:
+                queues[name] = dict(state)
         heartbeat = now - self._last_sent >= self.stale_after_s / 3
-        unchanged = inflight == self._last_inflight and demand == self._last_demand
-        if not prefixes and not self._offered and unchanged and not heartbeat:
+        # A queue's service since the last batch is said once: a batch carrying some is sent.
+        said = {name: {k: v for k, v in q.items() if k != "service"} for name, q in queues.items()}
+        news = any(q.get("service") for q in queues.values())
+        unchanged = (
+            inflight == self._last_inflight and demand == self._last_demand and said == self._last_queues
+        )
+        if not prefixes and not self._offered and unchanged and not news and not heartbeat:
             return b""
         self._last_inflight = inflight
         self._last_demand = demand
+        self._last_queues = said
         self._last_sent = now
         loads = [(p, e, snap) for (p, e), snap in self._offered.items()]
         self._offered = {}
-        return _encode(FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads, demand))
+        return _encode(
+            FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads, demand, queues)
+        )
 
     # -- in -------------------------------------------------------------------------------
 
@@ -218,7 +250,17 @@ class FleetSync:
             if batch.gateway == self.name:
                 continue
             if wall - batch.sent <= self.stale_after_s:
-                self._peers[batch.gateway] = _Peer(now, batch.inflight, batch.version, batch.demand)
+                before = self._peers.get(batch.gateway)
+                if before is not None:
+                    # Several batches of one gateway in one exchange: the service each
+                    # said since the last merge adds up.
+                    for pool_name in before.fresh & set(batch.queues):
+                        _add_service(batch.queues[pool_name], before.queues[pool_name])
+                fresh = set(batch.queues) | (before.fresh if before is not None else set())
+                queues = {**(before.queues if before is not None else {}), **batch.queues}
+                self._peers[batch.gateway] = _Peer(
+                    now, batch.inflight, batch.version, batch.demand, queues, fresh
+                )
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
                     local = endpoints.get((pool_name, endpoint))
@@ -238,6 +280,7 @@ class FleetSync:
         for gw, peer in list(self._peers.items()):
             if now - peer.seen > self.stale_after_s:
                 del self._peers[gw]
+        merged = [peer for peer in self._peers.values() if peer.fresh]
         for name, pool in pools.items():
             freed = False
             for e in pool.endpoints:
@@ -251,8 +294,19 @@ class FleetSync:
                     freed = True
                 e.remote_in_flight = requests
                 e.remote_tokens = tokens
+            states = []
+            for peer in self._peers.values():
+                state = peer.queues.get(name)
+                if state is not None:
+                    if name not in peer.fresh:  # its service was merged when it came
+                        state = {k: v for k, v in state.items() if k != "service"}
+                    states.append(state)
+            if states:
+                pool.scheduler.merge_fleet(states)
             if freed:
                 pool.scheduler.wake(pool)  # slots the others freed may fit this gateway's waiters
+        for peer in merged:
+            peer.fresh = set()
 
     # -- engine load: one poller per endpoint for the fleet -------------------------------
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping, Sequence
 from heapq import heapify, heappop, heappush
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -123,6 +124,7 @@ class _Tier:
         "name",
         "priority",
         "queued",
+        "remote_in_flight",
         "weight",
     )
 
@@ -138,6 +140,8 @@ class _Tier:
         self.queued = 0
         self.in_flight = 0
         """Requests of this tier holding a slot (for ``max_share``)."""
+        self.remote_in_flight = 0
+        """The fleet's other gateways' requests of this tier holding a slot (``fleet:``)."""
 
     def has_room(self, pool: PoolView) -> bool:
         """Under ``max_share`` of the pool's current concurrency limits, and leaving
@@ -153,7 +157,7 @@ class _Tier:
                     return True  # an endpoint without a limit: no contention to share
                 total += e.limit
                 busy += e.in_flight + e.remote_in_flight  # the fleet's, with fleet:
-        if share is not None and self.in_flight >= share * total:
+        if share is not None and self.in_flight + self.remote_in_flight >= share * total:
             return False
         return headroom is None or busy + 1 <= (1.0 - headroom) * total
 
@@ -272,6 +276,11 @@ class PriorityScheduler(Scheduler):
         self.shed = 0
         self.expired = 0
         self._rejected: dict[str, int] = {}
+        self._fleet = False
+        """Whether a fleet takes this queue's state (then queued service is counted)."""
+        self._service: dict[str, dict[str, float]] = {}
+        """Priority (as text) → tenant → fair-share service (cost / weight) queued here
+        since the last :meth:`fleet_state`."""
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -435,6 +444,46 @@ class PriorityScheduler(Scheduler):
             "rejected": dict(self._rejected),
         }
 
+    # -- the fleet (fleet:) ------------------------------------------------------------------
+
+    def fleet_state(self) -> dict[str, Any]:
+        """Each tier's requests holding a slot here, and the fair-share service each tenant
+        was charged here (per priority level) since the last call."""
+        self._fleet = True
+        service, self._service = self._service, {}
+        tiers = {name: t.in_flight for name, t in self._tiers.items() if t.in_flight}
+        return {"tiers": tiers, "service": service}
+
+    def merge_fleet(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """The other gateways' states: their tiers' slots count against ``max_share`` here,
+        and the service their tenants were charged there is charged here too, in a level
+        with a backlog here (each tenant's finish tag moves on by it), so a tenant's share
+        of contended capacity holds over the whole fleet."""
+        remote: dict[str, int] = {}
+        for state in states:
+            for name, n in (state.get("tiers") or {}).items():
+                remote[name] = remote.get(name, 0) + int(n)
+            for prio_text, tenants in (state.get("service") or {}).items():
+                try:
+                    prio = int(prio_text)
+                except ValueError:
+                    continue
+                level = self._levels.get(prio)
+                if level is None:
+                    # No backlog of that priority here: nothing to be fair about, and a
+                    # backlog starts afresh (as in SFQ), so the charge has nowhere to go.
+                    continue
+                for name, served in tenants.items():
+                    tenant = level.tenants.get(name)
+                    if tenant is None:
+                        tenant = level.tenants[name] = _Tenant(name)
+                    start = level.vtime if level.vtime > tenant.finish else tenant.finish
+                    tenant.finish = start + float(served)
+                    if not tenant.queued:
+                        self._retire(level, tenant)  # forgotten once the level catches up
+        for name, tier in self._tiers.items():
+            tier.remote_in_flight = remote.get(name, 0)
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _reject(self, err: GatewayError) -> GatewayError:
@@ -519,6 +568,11 @@ class PriorityScheduler(Scheduler):
         start = level.vtime if level.vtime > tenant.finish else tenant.finish
         finish = start + cost / weight
         tenant.finish = finish
+        if self._fleet:  # what the fleet's other queues charge this tenant too
+            served = self._service.get(str(prio))
+            if served is None:
+                served = self._service[str(prio)] = {}
+            served[name] = served.get(name, 0.0) + cost / weight
         tenant.queued += 1
         waiter = _Waiter(req, future, tier, level, tenant, start, finish, now)
         self._seq += 1
