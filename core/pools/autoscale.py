@@ -247,21 +247,19 @@ class Autoscalers:
                 continue
             key = (cfg, resolved.capacity_options.get(name))
             old = self.scalers.get(name)
-            if old is not None and self._configs.get(name) == key:
-                old.pool, old.demand = pool, pool.demand
-                scalers[name] = old
-                continue
-            try:
-                model = self.build_model(resolved, name)
-            except Exception:
-                if old is None:
-                    raise
-                log.exception("autoscaling of %s: the new capacity model failed; keeping the old", name)
-                old.pool, old.demand = pool, pool.demand
-                scalers[name] = old
-                continue
-            scalers[name] = PoolScaler(pool, cfg, model)
+            if old is not None and self._configs.get(name) != key:
+                try:
+                    old = PoolScaler(pool, cfg, self.build_model(resolved, name))
+                except Exception:
+                    log.exception("autoscaling of %s: the new capacity model failed; keeping the old", name)
+            elif old is None:
+                old = PoolScaler(pool, cfg, self.build_model(resolved, name))  # at start-up: raises
+            # Tried once per configuration: a model that failed is not rebuilt every interval.
             self._configs[name] = key
+            # A pool the reload rebuilt: the scaler (and its last signals) move to it.
+            old.pool, old.demand = pool, pool.demand
+            pool.scaling = old.signals
+            scalers[name] = old
         self.scalers = scalers
 
     def _submit(self, scaler: PoolScaler) -> Callable[[TokenMix], Future[float] | float]:
@@ -306,13 +304,10 @@ class Autoscalers:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="shuniu-autoscale")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         executor, self._executor = self._executor, None
         if executor is None:
             return
