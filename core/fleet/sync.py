@@ -67,25 +67,21 @@ class _Peer(msgspec.Struct):
     version: str
     demand: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
-    """Pool → the scheduler state it last sent."""
-    fresh: set[str] = msgspec.field(default_factory=set)
-    """Pools whose state came in the last exchange (their ``service`` not yet merged)."""
+    """Pool → the scheduler state it last sent, less its ``service``."""
+    unmerged: dict[str, dict[str, dict[str, float]]] = msgspec.field(default_factory=dict)
+    """Pool → the ``service`` it said (summed over its batches) not yet merged here."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(FleetBatch).decode
 
 
-def _add_service(state: dict[str, Any], earlier: dict[str, Any]) -> None:
-    """Fold the ``service`` (priority → tenant → amount) of an earlier state into ``state``."""
-    if not earlier.get("service"):
-        return
-    total: dict[str, dict[str, float]] = {p: dict(t) for p, t in (state.get("service") or {}).items()}
-    for prio, tenants in earlier["service"].items():
+def _add_service(total: dict[str, dict[str, float]], service: dict[str, dict[str, float]]) -> None:
+    """Add a ``service`` (priority → tenant → amount) into ``total``."""
+    for prio, tenants in service.items():
         into = total.setdefault(prio, {})
         for tenant, amount in tenants.items():
             into[tenant] = into.get(tenant, 0.0) + amount
-    state["service"] = total
 
 
 def gateway_id() -> str:
@@ -251,15 +247,16 @@ class FleetSync:
                 continue
             if wall - batch.sent <= self.stale_after_s:
                 before = self._peers.get(batch.gateway)
-                if before is not None:
-                    # Several batches of one gateway in one exchange: the service each
-                    # said since the last merge adds up.
-                    for pool_name in before.fresh & set(batch.queues):
-                        _add_service(batch.queues[pool_name], before.queues[pool_name])
-                fresh = set(batch.queues) | (before.fresh if before is not None else set())
-                queues = {**(before.queues if before is not None else {}), **batch.queues}
+                queues = dict(before.queues) if before is not None else {}
+                # Several batches of one gateway between two merges: their service adds up.
+                unmerged = before.unmerged if before is not None else {}
+                for pool_name, state in batch.queues.items():
+                    service = state.get("service")
+                    if service:
+                        _add_service(unmerged.setdefault(pool_name, {}), service)
+                    queues[pool_name] = {k: v for k, v in state.items() if k != "service"}
                 self._peers[batch.gateway] = _Peer(
-                    now, batch.inflight, batch.version, batch.demand, queues, fresh
+                    now, batch.inflight, batch.version, batch.demand, queues, unmerged
                 )
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
@@ -280,7 +277,6 @@ class FleetSync:
         for gw, peer in list(self._peers.items()):
             if now - peer.seen > self.stale_after_s:
                 del self._peers[gw]
-        merged = [peer for peer in self._peers.values() if peer.fresh]
         for name, pool in pools.items():
             freed = False
             for e in pool.endpoints:
@@ -298,15 +294,14 @@ class FleetSync:
             for peer in self._peers.values():
                 state = peer.queues.get(name)
                 if state is not None:
-                    if name not in peer.fresh:  # its service was merged when it came
-                        state = {k: v for k, v in state.items() if k != "service"}
-                    states.append(state)
+                    service = peer.unmerged.get(name)  # merged once: cleared below
+                    states.append({**state, "service": service} if service else state)
             if states:
                 pool.scheduler.merge_fleet(states)
             if freed:
                 pool.scheduler.wake(pool)  # slots the others freed may fit this gateway's waiters
-        for peer in merged:
-            peer.fresh = set()
+        for peer in self._peers.values():
+            peer.unmerged.clear()  # (service for a pool this gateway lacks has nowhere to go)
 
     # -- engine load: one poller per endpoint for the fleet -------------------------------
 
