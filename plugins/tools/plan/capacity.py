@@ -12,7 +12,6 @@ known to miss. Every trial runs one replica (``max_concurrency: 0``, ``fifo``) f
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,7 @@ from shuniu.core.config.loader import load_deployment
 from shuniu.core.contracts import TokenMix
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.traffic import Slo, Workload, describe
+from shuniu.plugins.tools.plan.deployment import sim_deployment_text
 from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_load
 from shuniu.plugins.tools.simulate import simulate
 
@@ -70,20 +70,6 @@ def mix_workload(
     )
 
 
-def _deployment(engine: Mapping[str, Any], max_model_len: int | None) -> str:
-    lines = ["models:", "  capacity:"]
-    if max_model_len is not None:
-        lines.append(f"    max_model_len: {max_model_len}")
-    lines += [
-        "    scheduler: {policy: fifo}",
-        "    endpoints:",
-        "      - kind: sim",
-        "        max_concurrency: 0",
-        f"        options: {json.dumps(dict(engine))}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def _first_guess(engine: Mapping[str, Any], workload: Workload, slo: Slo) -> float:
     """Requests per second the roofline model says one replica carries (optimistic), or 1."""
     if engine.get("hardware") is None or engine.get("model") is None:
@@ -123,7 +109,8 @@ def replica_capacity(
         at ``mix`` while meeting ``slo``'s p99 targets (the ITL target on each request's mean
     inter-token latency, as the gateway's metric measures it); 0 when even
     :data:`LOWEST_RATE` misses."""
-    resolved = load_deployment("<capacity deployment>", plugins, text=_deployment(engine, max_model_len))
+    text = sim_deployment_text(engine, 1, "round_robin", max_model_len)
+    resolved = load_deployment("<capacity deployment>", plugins, text=text)
 
     def meets(rate: float) -> bool:
         horizon = min(max(duration_s, MIN_REQUESTS / rate), 20 * duration_s)

@@ -5,13 +5,15 @@ chosen balancer; and the check that reports a bad one against the option that ca
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.plugins.tools.plan.results import PlanError
 
-__all__ = ["DEPLOYMENT_SOURCE", "check_deployment", "deployment_text"]
+__all__ = ["DEPLOYMENT_SOURCE", "check_deployment", "deployment_text", "sim_deployment_text"]
 
 DEPLOYMENT_SOURCE = "<shuniu plan deployment>"
 """The source name trial deployments are loaded under."""
@@ -35,6 +37,14 @@ def deployment_text(
         "gpu_memory_utilization": util,
         "max_num_seqs": max_num_seqs,
     }
+    return sim_deployment_text(options, replicas, balancer, max_model_len)
+
+
+def sim_deployment_text(
+    options: Mapping[str, Any], replicas: int, balancer: str, max_model_len: int | None
+) -> str:
+    """The YAML of a one-model deployment (``plan``) of ``replicas`` ``sim`` endpoints with
+    these backend ``options``, no gateway-side concurrency limit and the ``fifo`` scheduler."""
     lines = ["models:", "  plan:"]
     if max_model_len is not None:
         lines.append(f"    max_model_len: {max_model_len}")
@@ -45,7 +55,7 @@ def deployment_text(
         "      - kind: sim",
         f"        replicas: {replicas}",
         "        max_concurrency: 0",
-        f"        options: {json.dumps(options)}",
+        f"        options: {json.dumps(dict(options))}",
     ]
     return "\n".join(lines) + "\n"
 
