@@ -24,7 +24,7 @@ from shuniu.core.tenancy.tenancy import Tenancy
 if TYPE_CHECKING:
     from shuniu.core.config.loader import ResolvedDeployment
 
-__all__ = ["GatewayState", "StateView"]
+__all__ = ["GatewayState", "StateView", "shared_stores"]
 
 
 class StateView(Protocol):
@@ -53,6 +53,9 @@ class StateView(Protocol):
 
     @property
     def cache(self) -> ResponseCache | None: ...
+
+    @property
+    def tenancy(self) -> Tenancy: ...
 
     @property
     def started(self) -> bool: ...
@@ -131,3 +134,16 @@ class GatewayState:
                 if e.name == name:
                     return pool, e
         return None
+
+
+def shared_stores(view: StateView) -> dict[str, bool]:
+    """The deployment's stores that can answer without their server (Redis), by name
+    (``rate_limits``, ``cache``) → whether they do now. An in-process store has no
+    ``degraded`` flag and is not listed."""
+    cache = view.cache
+    out: dict[str, bool] = {}
+    for name, store in (("rate_limits", view.tenancy.store), ("cache", cache.store if cache else None)):
+        flag = getattr(store, "degraded", None)
+        if isinstance(flag, bool):
+            out[name] = flag
+    return out

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -55,10 +55,18 @@ class RedisServer:
     :meth:`stop` and :meth:`start` may be called repeatedly: the server comes back on the
     same port (and with the same password), empty."""
 
-    def __init__(self, binary: str, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        binary: str,
+        port: int | None = None,
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary
         self.port = port or _free_port()
         self.password = password
+        self.extra_args = list(extra_args)
+        """More ``redis-server`` arguments (replication, cluster mode, ...)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="shuniu-redis-")
 
@@ -96,7 +104,8 @@ class RedisServer:
             "warning",
         ]
         if self.password:
-            cmd += ["--requirepass", self.password]
+            cmd += ["--requirepass", self.password, "--masterauth", self.password]
+        cmd += self.extra_args
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -123,6 +132,17 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a crashed host would."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(5)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -27,6 +27,7 @@ from shuniu.core.config.endpoints import (
     RestartConfig,
     placeholders,
 )
+from shuniu.core.redis_client import check_redis_url
 
 Modality = Literal["text", "image", "audio", "video", "file"]
 """An input modality a model takes."""
@@ -622,8 +623,10 @@ class FleetConfig(_Strict):
     trip every ``sync_interval_s`` (``docs/scaling.md``)."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """The Redis to share through (``redis://``, ``rediss://``, ``unix://``; the password
-    never appears in logs)."""
+    """The Redis to share through: one server (``redis://``, ``rediss://``, ``unix://``),
+    a primary that Sentinels watch (``redis+sentinel://host:port,host:port/SERVICE/db``)
+    or a Redis Cluster (``redis+cluster://host:port,host:port``); the password never
+    appears in logs."""
     key_prefix: str = "shuniu:fleet:"
     """Put before the fleet's keys; gateways with one prefix (and one Redis) are one fleet."""
     sync_interval_s: float = Field(0.1, gt=0, le=10)
@@ -638,6 +641,11 @@ class FleetConfig(_Strict):
     timeout_s: float = Field(0.5, gt=0)
     """Longest a sync may wait for Redis; a slower one counts as Redis being unavailable
     (routing goes on from the local view)."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _known_shape(cls, url: str) -> str:
+        return check_redis_url(url)
 
 
 class Deployment(_Strict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shuniu.core.config import FleetConfig
-from shuniu.core.extras import require
+from shuniu.core.redis_client import connect_redis
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -19,17 +19,16 @@ _FIELD = b"b"
 class RedisTransport:
     """A gateway's line to the fleet's stream ``{key_prefix}batches``."""
 
-    __slots__ = ("_client", "_key", "_max", "cfg")
+    __slots__ = ("_client", "_key", "_max", "_redis", "cfg")
 
     def __init__(self, cfg: FleetConfig) -> None:
-        redis = require("redis.asyncio", "redis", "fleet: shared routing state")
         self.cfg = cfg
-        self._client: Redis = redis.Redis.from_url(
-            cfg.redis_url,
-            socket_timeout=cfg.timeout_s,
-            socket_connect_timeout=cfg.timeout_s,
-            max_connections=4,
+        # One server, a Sentinel-watched primary or a Cluster (the stream is one key, so
+        # one slot): shuniu.core.redis_client.
+        self._redis = connect_redis(
+            cfg.redis_url, timeout_s=cfg.timeout_s, max_connections=4, what="fleet: shared routing state"
         )
+        self._client: Redis = self._redis.client
         self._key = f"{cfg.key_prefix}batches"
         self._max = cfg.max_entries
 
@@ -51,4 +50,4 @@ class RedisTransport:
         return last, out
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._redis.close()

@@ -39,7 +39,7 @@ from shuniu.core.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TY
 from shuniu.core.observability.metrics import GatewayMetrics
 from shuniu.core.operations import Operations
 from shuniu.core.pipeline.path import RequestPath
-from shuniu.core.state import GatewayState
+from shuniu.core.state import GatewayState, shared_stores
 from shuniu.core.types import Api
 from shuniu.core.views.access import admin_refusal, is_admin, metrics_refusal
 from shuniu.core.views.admin import admin_routes
@@ -207,6 +207,9 @@ def build_app(
         if fleet is not None:
             # Routing goes on without the fleet's store (on local state): ready, but said.
             body["fleet"] = {"degraded": fleet.degraded}
+        if stores := shared_stores(state):
+            # Likewise limits and the cache: served without their Redis, but said.
+            body["stores"] = {name: {"degraded": flag} for name, flag in stores.items()}
         return _json_response(request, 200 if ok else 503, body)
 
     @get("/metrics", include_in_schema=False)

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from shuniu.core.observability.hardware import HardwareReadings
-from shuniu.core.state import StateView
+from shuniu.core.state import StateView, shared_stores
 from shuniu.core.types import RequestRecord
 from shuniu.core.version import __version__
 
@@ -401,10 +401,24 @@ class _LiveCollector(Collector):
         yield from self._degradation()
         yield from self._engines()
         yield from self._cache()
+        yield from self._stores()
         yield from self._fleet()
         yield from self._discovery()
         yield from self._autoscaling()
         yield from self._hardware()
+
+    def _stores(self) -> Iterable[Metric]:
+        stores = shared_stores(self.view)
+        if not stores:
+            return
+        degraded = _gauge(
+            "shuniu_store_degraded",
+            "1 while a shared store (rate limits, response cache) answers without its server.",
+            ["store"],
+        )
+        for name, flag in stores.items():
+            degraded.add_metric([name], 1 if flag else 0)
+        yield degraded
 
     def _fleet(self) -> Iterable[Metric]:
         fleet = self.fleet

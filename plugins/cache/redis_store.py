@@ -13,12 +13,13 @@ import os
 import time
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import CacheStore, RegisterCacheStore
 from shuniu.core.extras import require
+from shuniu.core.redis_client import check_redis_url, connect_redis
 from shuniu.core.urls import redact_url
 
 __all__ = ["RedisCache", "RedisCacheOptions"]
@@ -38,7 +39,9 @@ class RedisCacheOptions(Options):
     """Options of the ``redis`` cache store."""
 
     url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS)."""
+    """Redis URL: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS), a primary
+    that Sentinels watch (``redis+sentinel://host:port,host:port/SERVICE/db``) or a Redis
+    Cluster (``redis+cluster://host:port,host:port``); see ``docs/high-availability.md``."""
     key_prefix: str = "shuniu:cache:"
     """Prefix of every key this store writes."""
     timeout_s: float = Field(0.25, gt=0)
@@ -46,7 +49,12 @@ class RedisCacheOptions(Options):
     retry_after_s: float = Field(1.0, gt=0)
     """After a failure, how long to treat Redis as down before trying it again."""
     max_connections: int = Field(64, ge=1)
-    """Connection pool size."""
+    """Connection pool size (per node, for a Cluster)."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_shape(cls, url: str) -> str:
+        return check_redis_url(url)
 
 
 class RedisCache(CacheStore):
@@ -54,20 +62,25 @@ class RedisCache(CacheStore):
 
     def __init__(self, options: RedisCacheOptions | None = None) -> None:
         opts = options or RedisCacheOptions()
-        redis = require("redis.asyncio", "redis", "The redis cache store")
         self._errors = require("redis.exceptions", "redis", "The redis cache store")
         self.options = opts
         self._prefix = opts.key_prefix
-        self._client: Any = redis.Redis.from_url(
+        self._redis = connect_redis(
             opts.url,
-            socket_timeout=opts.timeout_s,
-            socket_connect_timeout=opts.timeout_s,
+            timeout_s=opts.timeout_s,
             max_connections=opts.max_connections,
+            what="The redis cache store",
         )
+        self._client: Any = self._redis.client
         self._unlock = self._client.register_script(_UNLOCK)
         self._owner = os.urandom(8).hex()
         self._down_until = 0.0
         self.down = False
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the store is answering without Redis now (misses, unshared fills)."""
+        return self.down
 
     def _available(self) -> bool:
         return not self.down or time.monotonic() >= self._down_until
@@ -130,7 +143,7 @@ class RedisCache(CacheStore):
             self._failed(exc)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._redis.close()
 
 
 @hookimpl

@@ -16,7 +16,8 @@ after it is back, so concurrency leases held across an outage are released promp
 than after their TTL.
 
 All keys of one call go to one script, so with Redis Cluster the keys must share a hash
-slot: put a hash tag in ``key_prefix`` (e.g. ``{shuniu-rl}:``).
+slot: the store puts a hash tag in ``key_prefix`` when it has none. With Sentinel every
+call goes to the primary the Sentinels name, the new one after a failover.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.core.extras import require
+from shuniu.core.redis_client import check_redis_url, connect_redis, hash_tagged
 from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 
@@ -199,11 +201,15 @@ class RedisRateLimitOptions(Options):
 
     url: str = "redis://127.0.0.1:6379/0"
     """Redis to share the limits through: ``redis://[[user]:password@]host:port/db``,
-    ``rediss://`` for TLS, or ``unix:///path/to/socket``. The password never appears in
-    the gateway's log messages."""
+    ``rediss://`` for TLS, ``unix:///path/to/socket``, a primary that Sentinels watch
+    (``redis+sentinel://host:port,host:port/SERVICE/db``) or a Redis Cluster
+    (``redis+cluster://host:port,host:port``); see ``docs/high-availability.md``. The
+    password never appears in the gateway's log messages."""
     key_prefix: str = "shuniu:rl:"
     """Put before every key, so that several deployments (or other data) can share one
-    Redis. With Redis Cluster include a hash tag, e.g. ``{shuniu-rl}:``."""
+    Redis. With a Redis Cluster every key of one check must share a hash slot, so a
+    prefix without a hash tag gets one (``shuniu:rl:`` becomes ``{shuniu:rl}:``): all
+    limits then live on one primary of the Cluster."""
     timeout_s: float = Field(0.25, gt=0)
     """Longest wait to connect and for each reply; past it the call counts as a failure and
     ``on_error`` decides. A call waiting for one of the ``max_connections`` (a burst) gives
@@ -219,26 +225,25 @@ class RedisRateLimitOptions(Options):
     limits keep at least 1 per gateway). A request costing more than a scaled limit is
     refused during the outage."""
     max_connections: int = Field(64, ge=1)
-    """Connections to Redis per gateway process; calls beyond wait for a free one (up to
-    ``timeout_s``)."""
+    """Connections to Redis per gateway process (per node, for a Cluster); calls beyond
+    wait for a free one (up to ``timeout_s``)."""
     retry_interval_s: float = Field(1.0, gt=0)
     """After a failure, how often one request tries Redis again; the others meanwhile
     answer per ``on_error`` without waiting on a dead server."""
 
     @field_validator("url")
     @classmethod
-    def _known_scheme(cls, url: str) -> str:
-        scheme = urlsplit(url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}")
-        return url
+    def _known_shape(cls, url: str) -> str:
+        return check_redis_url(url)
 
 
 def _secrets(url: str) -> list[str]:
-    """The passwords in ``url`` (userinfo and ``?password=``), to scrub from messages."""
+    """The passwords in ``url`` (userinfo, ``?password=`` and ``?sentinel_password=``), to
+    scrub from messages."""
     try:
         parts = urlsplit(url)
-        found = [parts.password or "", *parse_qs(parts.query).get("password", [])]
+        query = parse_qs(parts.query)
+        found = [parts.password or "", *query.get("password", []), *query.get("sentinel_password", [])]
     except ValueError:
         return []
     return [s for s in found if s]
@@ -255,10 +260,7 @@ class RedisRateLimitStore(RateLimitStore):
     ) -> None:
         options = options or RedisRateLimitOptions()
         require("redis", "redis", "The redis rate-limit store")
-        from redis import asyncio as aioredis
-        from redis.backoff import NoBackoff
         from redis.exceptions import RedisError
-        from redis.retry import Retry
 
         self.options = options
         self.clock = clock
@@ -275,21 +277,21 @@ class RedisRateLimitStore(RateLimitStore):
             # version up in the installed metadata (milliseconds), which made a burst of
             # new connections miss timeout_s and trip the fallback.
             extra["driver_info"] = DriverInfo()
-        # No retries inside redis-py: a retry doubles the time a dead server costs each
-        # request, and stale pooled connections are already replaced at checkout.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        # No retries inside redis-py (connect_redis): a retry doubles the time a dead
+        # server costs each request, and stale pooled connections are replaced at checkout.
+        self._redis = connect_redis(
             options.url,
+            timeout_s=options.timeout_s,
             max_connections=options.max_connections,
-            timeout=options.timeout_s,
-            socket_timeout=options.timeout_s,
-            socket_connect_timeout=options.timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            blocking=True,
+            what="The redis rate-limit store",
             **extra,
         )
-        self._client: Redis = aioredis.Redis.from_pool(pool)
+        self._client: Redis = self._redis.client
         self._acquire_script = self._client.register_script(ACQUIRE_LUA)
         self._settle_script = self._client.register_script(SETTLE_LUA)
-        self._prefix = options.key_prefix
+        cluster = self._redis.shape == "cluster"
+        self._prefix = hash_tagged(options.key_prefix) if cluster else options.key_prefix
         self._fallback = (
             MemoryRateLimitStore(clock=clock, scale=options.fail_open_scale)
             if options.on_error == "open"
@@ -368,7 +370,7 @@ class RedisRateLimitStore(RateLimitStore):
         if self._replay is not None:
             self._replay.cancel()
             self._replay = None
-        await self._client.aclose()
+        await self._redis.close()
 
     # -- Redis ---------------------------------------------------------------------------
 
