@@ -46,6 +46,8 @@ gateway: {{graceful_shutdown_s: 5}}
 cache: {{store: memory}}
 # No Redis answers there: the fleet's families are exported all the same (degraded).
 fleet: {{redis_url: "redis://127.0.0.1:9/0", timeout_s: 0.1}}
+# Likewise the shared stores' gauge: a Redis limit store with no server behind it.
+rate_limits: {{store: redis, options: {{url: "redis://127.0.0.1:9/0", timeout_s: 0.1}}}}
 models:
   chat:
     health: {{interval_s: 0.05}}
