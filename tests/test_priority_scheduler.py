@@ -704,3 +704,93 @@ async def test_a_tiers_share_counts_the_fleets_slots() -> None:
     await _cancel(third)
     s.release(tasks[0].result(), OK)
     s.release(second, OK)
+
+
+async def test_a_gateway_holds_its_tenants_share_of_the_fleets_slots() -> None:
+    """Six slots. This queue holds one tenant (flood); another gateway's queue holds two
+    (a and b) at the same level, equal weights: flood may hold a third of the slots here.
+    Releases bring it down to two slots before another of its waiters goes; once the other
+    backlog is gone, it takes slots as they come again."""
+    pool, s = _pool([6])
+    s.fleet_state()
+    held = [await s.admit(_req(i, tenant="flood"), pool) for i in range(6)]
+    tasks = await _queue(s, pool, [_req(10 + i, tenant="flood") for i in range(4)])
+    assert s.fleet_state()["backlog"] == [0, {"flood": [4, 1.0]}]
+    s.merge_fleet([{"backlog": [0, {"a": [5, 1.0], "b": [5, 1.0]}]}])
+    for ticket in held[:4]:
+        s.release(ticket, OK)
+    await asyncio.sleep(0)
+    assert s.queued == 4  # 2 slots held: its share, though 4 are free for the others
+    s.release(held[4], OK)
+    await asyncio.sleep(0)
+    assert s.queued == 3 and sum(t.done() for t in tasks) == 1
+    # The others' backlog is gone: slots as they come.
+    s.merge_fleet([{"backlog": None}])
+    s.wake(pool)
+    await asyncio.sleep(0)
+    assert s.queued == 0
+    for t in tasks:
+        s.release(t.result(), OK)
+    s.release(held[5], OK)
+    assert pool.endpoints[0].in_flight == 0
+
+
+async def test_the_fleets_slot_split_follows_weights_and_levels() -> None:
+    # flood weighs 2 against a and b: half of 6 slots.
+    pool, s = _pool([6], tenant_weights={"flood": 2.0})
+    held = [await s.admit(_req(i, tenant="flood"), pool) for i in range(6)]
+    tasks = await _queue(s, pool, [_req(10 + i, tenant="flood") for i in range(3)])
+    s.merge_fleet([{"backlog": [0, {"a": [1, 1.0]}]}, {"backlog": [0, {"b": [9, 1.0]}]}])
+    for ticket in held[:3]:
+        s.release(ticket, OK)
+    await asyncio.sleep(0)
+    assert s.queued == 3  # three held: its half
+    s.release(held[3], OK)
+    await asyncio.sleep(0)
+    assert s.queued == 2
+    # A backlog at another level is not split with this one (priority is per queue), and
+    # with `fleet_slots: demand` nothing is.
+    s.merge_fleet([{"backlog": [2, {"a": [50, 1.0]}]}])
+    s.wake(pool)
+    await asyncio.sleep(0)
+    assert s.queued == 0
+    for t in tasks:
+        s.release(t.result(), OK)
+    for ticket in held[4:]:
+        s.release(ticket, OK)
+    pool, d = _pool([2], fleet_slots="demand")
+    first = [await d.admit(_req(i, tenant="flood"), pool) for i in range(2)]
+    waiting = await _queue(d, pool, [_req(5, tenant="flood")])
+    d.merge_fleet([{"backlog": [0, {"a": [50, 1.0], "b": [50, 1.0]}]}])
+    d.release(first[0], OK)
+    await asyncio.wait_for(waiting[0], 1)
+    d.release(first[1], OK)
+    d.release(waiting[0].result(), OK)
+
+
+def test_a_tenant_without_a_backlog_is_not_refused_for_anothers() -> None:
+    """One slot at one dispatch a second, 20 of tenant t's requests queued: t's next one
+    would wait about 20 s and is refused (its limit is 5 s); a tenant with nothing queued
+    is served at its fair share's pace, so it is queued, and served within its limit."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        pool, s = _pool([1], tiers=_WAIT_TIERS)
+        ticket, pending = await _build_backlog(s, pool, backlog=30, dispatches=10)
+        with pytest.raises(GatewayError) as info:
+            await s.admit(_req(1, tier="quick"), pool)  # t: behind its own 20
+        assert info.value.code == "queue_wait_exceeded"
+        other = asyncio.create_task(s.admit(_req(2, tier="quick", tenant="other"), pool))
+        await asyncio.sleep(0)
+        assert s.queued == 21
+        pending.add(other)
+        t0 = loop.time()
+        while not other.done():
+            await asyncio.sleep(1.0)
+            s.release(ticket, OK)
+            ticket = await _next(pending)
+        assert other.result() is ticket and loop.time() - t0 <= 5
+        s.release(ticket, OK)
+        await _cancel(pending)
+
+    run_virtual(main())

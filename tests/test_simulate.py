@@ -181,3 +181,51 @@ def test_plot_over_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
     with pytest.raises(MissingExtraError, match=r"shuniu\[plot\]"):
         plot_timeline(result, str(tmp_path / "no.png"))
+
+
+CONTEND = """
+name: tenants-contend
+duration_s: 60
+streams:
+  - tenants:
+      - {name: flood, weight: 3}
+      - {name: team-a, weight: 1}
+      - {name: team-b, weight: 1}
+    arrival: {process: poisson, rate: 80}
+    input_tokens: {dist: lognormal, mean: 600, sigma: 0.5, min: 32, max: 4000}
+    output_tokens: {dist: lognormal, mean: 200, sigma: 0.5, min: 16, max: 1000}
+"""
+
+
+@pytest.mark.parametrize("gateways", [1, 3])
+def test_tenants_share_the_pool_by_weight_whichever_gateway_they_use(gateways: int) -> None:
+    """Three tenants each ask for more than a third of two replicas (flood three times as
+    much as the others), each through its own gateway (``--split tenants``): with the
+    fleet's slot split by weights each gets about a third of the tokens; split by demand
+    (how fast each gateway asks), flood takes more than its share."""
+
+    def shares(fleet_slots: str) -> dict[str, float]:
+        resolved = _deployment(
+            "{hardware: h200, model: llama-3.1-8b}",
+            slots=16,
+            extra="scheduler: {policy: priority, options: {max_wait_s: 20, aging_s: null, "
+            f"fleet_slots: {fleet_slots}}}}}",
+        )
+        result = simulate(
+            resolved,
+            load_plugins(),
+            load_workload("contend", text=CONTEND),
+            gateways=gateways,
+            split="tenants",
+        )
+        tenants = result.summary()["tenants"]
+        assert result.rejected > 0  # contended: every tenant asks for more than it gets
+        if gateways > 1:
+            assert sorted(t["gateway"] for t in tenants.values()) == [0, 1, 2]
+        return {name: t["token_share"] for name, t in tenants.items()}
+
+    fair = shares("weights")
+    assert all(abs(share - 1 / 3) < 0.05 for share in fair.values()), fair
+    if gateways > 1:
+        by_demand = shares("demand")
+        assert by_demand["flood"] > 0.45, by_demand

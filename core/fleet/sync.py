@@ -298,8 +298,10 @@ class FleetSync:
                     states.append({**state, "service": service} if service else state)
             if states:
                 pool.scheduler.merge_fleet(states)
-            if freed:
-                pool.scheduler.wake(pool)  # slots the others freed may fit this gateway's waiters
+            if freed or states:
+                # Slots the others freed (or a larger share of them) may fit this
+                # gateway's waiters.
+                pool.scheduler.wake(pool)
         for peer in self._peers.values():
             peer.unmerged.clear()  # (service for a pool this gateway lacks has nowhere to go)
 

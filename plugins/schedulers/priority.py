@@ -22,7 +22,7 @@ import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from heapq import heapify, heappop, heappush
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -100,6 +100,13 @@ class PriorityOptions(Options):
     (oldest first), so low priorities are never starved. ``None``: no aging."""
     default_output_tokens: int = Field(256, ge=1)
     """Output tokens assumed, for fair shares, for a request that sets no ``max_tokens``."""
+    fleet_slots: Literal["weights", "demand"] = "weights"
+    """With ``fleet:``, how the gateways' queues split the pool's slots while more than
+    one has a backlog at the same priority level: ``weights``, by the weights of the
+    tenants each holds (a gateway whose queue holds one tenant of three takes a third of
+    the slots, however fast it asks); ``demand``, as they come (each gateway takes what
+    frees first, so the split follows the gateways' demand). Within each queue tenants
+    share by weight either way."""
     min_rate_samples: int = Field(8, ge=1)
     """Dispatches from the queue observed in the current backlog before a request whose
     predicted wait exceeds its limit is refused at once (503 ``queue_wait_exceeded``).
@@ -165,12 +172,16 @@ class _Tier:
 class _Tenant:
     """A tenant's fair-queueing state within one priority level."""
 
-    __slots__ = ("finish", "idle_key", "in_idle", "name", "queued")
+    __slots__ = ("counted", "finish", "idle_key", "in_idle", "name", "queued", "weight")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.finish = 0.0
         self.queued = 0
+        self.weight = 1.0
+        """The weight of its latest queued request (what the fleet's slot budget counts)."""
+        self.counted = 0.0
+        """The weight it adds to its level's ``weight`` while it has waiters."""
         self.idle_key = 0.0
         """``finish`` when pushed on the level's idle heap (the heap's key must not move)."""
         self.in_idle = False
@@ -182,12 +193,14 @@ class _Tenant:
 class _Level:
     """One priority level: virtual time, tenants, and its waiters in arrival order."""
 
-    __slots__ = ("count", "head", "idle", "priority", "tail", "tenants", "vtime")
+    __slots__ = ("count", "head", "idle", "priority", "tail", "tenants", "vtime", "weight")
 
     def __init__(self, priority: int) -> None:
         self.priority = priority
         self.vtime = 0.0
         self.count = 0
+        self.weight = 0.0
+        """The weights of its tenants with waiters, summed (how fast virtual time moves)."""
         self.tenants: dict[str, _Tenant] = {}
         self.idle: list[_Tenant] = []
         """Tenants with nothing queued whose finish tag is still ahead of ``vtime``."""
@@ -272,6 +285,8 @@ class PriorityScheduler(Scheduler):
         # only: an idle pool has no rate to speak of, and a burst starts with no estimate.
         self._mark: float | None = None
         self._interval = 0.0
+        self._cost = 0.0
+        """Mean cost (prompt plus expected output tokens) per dispatch, over the same samples."""
         self._samples = 0
         self.shed = 0
         self.expired = 0
@@ -281,6 +296,12 @@ class PriorityScheduler(Scheduler):
         self._service: dict[str, dict[str, float]] = {}
         """Priority (as text) → tenant → fair-share service (cost / weight) queued here
         since the last :meth:`fleet_state`."""
+        self._slots = 0
+        """Requests holding a slot through this queue, all tiers."""
+        self._budget: float | None = None
+        """This gateway's share of the pool's slots while the fleet's queues contend for
+        them (from :meth:`merge_fleet`); ``None``: no other gateway has a backlog that
+        competes with this one's, so slots are taken as they come."""
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -325,6 +346,7 @@ class PriorityScheduler(Scheduler):
             ticket = pool.try_dispatch(req, now)
             if ticket is not None:
                 tier.in_flight += 1
+                self._slots += 1
                 return ticket
         if not pool.has_healthy(req.version):
             raise self._reject(no_healthy_endpoint(pool.name))
@@ -345,7 +367,7 @@ class PriorityScheduler(Scheduler):
                 )
             )
         if self._samples >= self.options.min_rate_samples:
-            predicted = self._predicted(prio)
+            predicted = self._predicted_for(req, tier, prio)
             if predicted > limit:
                 raise self._reject(
                     GatewayError(
@@ -416,6 +438,7 @@ class PriorityScheduler(Scheduler):
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
         if ticket.pool.free(ticket, outcome):
             self._tiers.get(ticket.request.principal.tier, self._default).in_flight -= 1
+            self._slots -= 1
             if self._count:
                 self._dispatch(ticket.pool)
 
@@ -447,12 +470,19 @@ class PriorityScheduler(Scheduler):
     # -- the fleet (fleet:) ------------------------------------------------------------------
 
     def fleet_state(self) -> dict[str, Any]:
-        """Each tier's requests holding a slot here, and the fair-share service each tenant
-        was charged here (per priority level) since the last call."""
+        """Each tier's requests holding a slot here, the fair-share service each tenant
+        was charged here (per priority level) since the last call, and (``backlog``,
+        while requests wait here) the best waiting priority level with each of its
+        tenants' waiters and weight."""
         self._fleet = True
         service, self._service = self._service, {}
         tiers = {name: t.in_flight for name, t in self._tiers.items() if t.in_flight}
-        return {"tiers": tiers, "service": service}
+        state: dict[str, Any] = {"tiers": tiers, "service": service}
+        if self._levels:
+            best = min(self._levels)
+            tenants = self._levels[best].tenants.values()
+            state["backlog"] = [best, {t.name: [t.queued, t.weight] for t in tenants if t.queued}]
+        return state
 
     def merge_fleet(self, states: Sequence[Mapping[str, Any]]) -> None:
         """The other gateways' states: their tiers' slots count against ``max_share`` here,
@@ -483,6 +513,43 @@ class PriorityScheduler(Scheduler):
                         self._retire(level, tenant)  # forgotten once the level catches up
         for name, tier in self._tiers.items():
             tier.remote_in_flight = remote.get(name, 0)
+        if self.options.fleet_slots == "weights":
+            self._budget = self._slot_budget(states)
+
+    def _slot_budget(self, states: Sequence[Mapping[str, Any]]) -> float | None:
+        """This gateway's share of the pool's slots while other gateways' queues have a
+        backlog at the same (best) priority level as this one's: the sum, over the tenants
+        waiting here, of each tenant's weight times the part of its fleet-wide backlog that
+        waits here, over the weights of every tenant waiting anywhere at that level. So
+        slots split between gateways by the weights of the tenants they hold, not by how
+        fast each asks. ``None`` (slots taken as they come) when no other queue competes
+        at this level."""
+        if not self._levels:
+            return None
+        mine = min(self._levels)
+        waiting: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for state in states:
+            backlog = state.get("backlog")
+            if not backlog or len(backlog) != 2:
+                continue
+            prio, tenants = backlog
+            if prio != mine:
+                # Priority between gateways is not enforced (each queue orders its own
+                # levels): the split is between the queues at the same level.
+                continue
+            for name, (queued, weight) in tenants.items():
+                waiting[name] = waiting.get(name, 0.0) + float(queued)
+                weights.setdefault(name, float(weight))
+        if not waiting:
+            return None
+        local = [t for t in self._levels[mine].tenants.values() if t.queued]
+        for t in local:
+            waiting[t.name] = waiting.get(t.name, 0.0) + t.queued
+            weights[t.name] = t.weight
+        total = sum(weights.values())
+        share = sum(t.weight * t.queued / waiting[t.name] for t in local)
+        return share / total if total > 0 else None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -519,6 +586,41 @@ class PriorityScheduler(Scheduler):
             if p <= prio:
                 ahead += level.count
         return ahead * self._interval
+
+    def _predicted_for(self, req: InferenceRequest, tier: _Tier, prio: int) -> float:
+        """Seconds until a newcomer would be dispatched: every waiter of a better level
+        first, then its own level's share of the rate, as fair queueing serves it. A tenant
+        with nothing queued starts at the level's virtual time, so it is not held behind
+        another tenant's backlog; one with a backlog waits for its own waiters' service.
+        Virtual time moves at the dispatched cost rate over the weights of the tenants
+        waiting there, so the wait is ``(start - virtual time) * weights / cost rate``."""
+        if not self._samples:
+            return 0.0
+        interval = self._interval
+        ahead = 0
+        for p, level in self._levels.items():
+            if p < prio:
+                ahead += level.count
+        wait = ahead * interval
+        level = self._levels.get(prio)
+        if level is None or self._cost <= 0 or interval <= 0:
+            return wait
+        name = req.principal.tenant
+        weight = self._weights.get(name, tier.weight)
+        tenant = level.tenants.get(name)
+        start = level.vtime
+        weights = level.weight
+        if tenant is not None:
+            if tenant.finish > start:
+                start = tenant.finish
+            if not tenant.queued:
+                weights += weight
+        else:
+            weights += weight
+        # Virtual time sits at the start tag of the request dispatched last: one mean
+        # dispatch of it is already under way.
+        own = (start - level.vtime) * weights * interval / self._cost - interval
+        return wait + own if own > 0 else wait
 
     def _evict_for(self, prio: int, pool: PoolView) -> bool:
         """Make room for a newcomer of priority ``prio`` by displacing the most recent
@@ -568,6 +670,10 @@ class PriorityScheduler(Scheduler):
         start = level.vtime if level.vtime > tenant.finish else tenant.finish
         finish = start + cost / weight
         tenant.finish = finish
+        tenant.weight = weight
+        if not tenant.queued:
+            tenant.counted = weight
+            level.weight += weight
         if self._fleet:  # what the fleet's other queues charge this tenant too
             served = self._service.get(str(prio))
             if served is None:
@@ -630,6 +736,8 @@ class PriorityScheduler(Scheduler):
         level.count -= 1
         tenant = waiter.tenant
         tenant.queued -= 1
+        if not tenant.queued:
+            level.weight -= tenant.counted
         if not level.count:
             # The level went idle: its virtual time and tenants start afresh (as in SFQ), so
             # no state outlives a backlog.
@@ -658,8 +766,9 @@ class PriorityScheduler(Scheduler):
         if waiter.state != _QUEUED:
             return
         tenant = waiter.tenant
-        if tenant.finish == waiter.finish:
-            tenant.finish = waiter.start  # not served: its tenant is not charged for it
+        # Not served: its tenant is not charged for it. Its later waiters keep their tags
+        # (the heap holds them); its next arrivals start that much earlier.
+        tenant.finish -= waiter.finish - waiter.start
         self._unqueue(waiter, _LEFT)
         heap = self._heap
         if len(heap) > 2 * self._count + 64:
@@ -674,7 +783,10 @@ class PriorityScheduler(Scheduler):
         aging = self._aging_s
         held: list[tuple[int, float, int, _Waiter]] | None = None
         missed: list[_Waiter] | None = None
+        cap = self._slot_cap(pool) if self._budget is not None else None
         while self._count:
+            if cap is not None and self._slots >= cap:
+                break  # this gateway holds its share of the fleet's contended slots
             waiter: _Waiter | None = None
             from_heap = False
             if aging is not None:
@@ -720,6 +832,7 @@ class PriorityScheduler(Scheduler):
                 continue
             self._take(waiter, from_heap, now)
             waiter.tier.in_flight += 1
+            self._slots += 1
             waiter.future.set_result(ticket)
         if missed is not None:
             for w in missed:
@@ -728,6 +841,20 @@ class PriorityScheduler(Scheduler):
             for entry in held:
                 if entry[3].state == _QUEUED:
                     heappush(heap, entry)
+
+    def _slot_cap(self, pool: PoolView) -> float | None:
+        """Slots this gateway may hold: its budget of the pool's concurrency limits
+        (``None`` while an endpoint has no limit, so there is nothing to split)."""
+        budget = self._budget
+        if budget is None:
+            return None
+        total = 0
+        for e in pool.endpoints:
+            if e.healthy and not e.draining:
+                if e.limit == 0:
+                    return None
+                total += e.limit
+        return budget * total
 
     def _take(self, waiter: _Waiter, from_heap: bool, now: float) -> None:
         """``waiter`` got a slot: account for it and take it off the queue."""
@@ -743,6 +870,9 @@ class PriorityScheduler(Scheduler):
             self._samples += 1
             alpha = max(_ALPHA, 1.0 / self._samples)  # a running mean first, then an EWMA
             self._interval += alpha * (interval - self._interval)
+            req = waiter.request
+            cost = req.prompt_tokens + (req.max_tokens or self.options.default_output_tokens)
+            self._cost += alpha * (cost - self._cost)
             self._mark = now
         self._unqueue(waiter, _DISPATCHED)
         if from_heap and level.count:

@@ -73,6 +73,13 @@ def simulation_progress(console: Any, disable: bool) -> Any:
     help="With --gateways: share routing state as a fleet does (fleet:), or route each alone.",
 )
 @click.option(
+    "--split",
+    type=click.Choice(["clients", "tenants"]),
+    default="clients",
+    show_default=True,
+    help="With --gateways: clients take the gateways in turn, or each tenant stays on one gateway.",
+)
+@click.option(
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -92,6 +99,7 @@ def simulate_command(
     plot_path: Path | None,
     gateways: int,
     shared_state: bool,
+    split: str,
 ) -> None:
     """Run a WORKLOAD against a DEPLOYMENT of simulated engines, in virtual time.
 
@@ -133,6 +141,7 @@ def simulate_command(
                 progress=progress,
                 gateways=gateways,
                 shared_state=shared_state,
+                split=split,
             )
         except ConfigError as exc:
             _report(exc)
@@ -193,6 +202,20 @@ def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  
             f"{e['busy_share']:.0%}",
         )
     console.print(eps)
+    if len(s.get("tenants") or {}) > 1:
+        per = Table(title="per tenant")
+        for col in ("tenant", "gateway", "completed", "tokens", "token share", "TTFT p99 (ms)"):
+            per.add_column(col, justify="right" if col != "tenant" else "left")
+        for name, t in s["tenants"].items():
+            per.add_row(
+                name,
+                "-" if t["gateway"] is None else str(t["gateway"]),
+                f"{t['completed']:,}",
+                f"{t['tokens']:,}",
+                f"{t['token_share']:.1%}",
+                _ms(t["ttft_p99"]),
+            )
+        console.print(per)
     if s.get("scaling_summary"):
         _print_scaling(s, console)
 

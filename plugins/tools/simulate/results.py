@@ -1,5 +1,6 @@
 """What a simulation measured: :class:`SimulationResult` (latency histograms, counts, per
-endpoint and per tier figures, the timeline for plots) and :class:`TierResult`."""
+endpoint, per tier and per tenant figures, the timeline for plots), :class:`TierResult` and
+:class:`TenantResult`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from shuniu.backends.sim import LogHistogram
 
-__all__ = ["SimulationResult", "TierResult"]
+__all__ = ["SimulationResult", "TenantResult", "TierResult"]
 
 
 @dataclass
@@ -32,6 +33,29 @@ class TierResult:
             "ttft_p99": self.ttft.quantile(0.99),
             "e2e_p99": self.e2e.quantile(0.99),
             "goodput": self.met_slo / self.arrived if with_slo and self.arrived else None,
+        }
+
+
+@dataclass
+class TenantResult:
+    """What one tenant's requests were served: its share of the tokens is what fair
+    queueing divides."""
+
+    completed: int = 0
+    tokens: int = 0
+    """Prompt plus generated tokens of its completed requests (what the fair share counts)."""
+    gateway: int | None = None
+    """The gateway its requests went to (``--split tenants``), else ``None``."""
+    ttft: LogHistogram = field(default_factory=LogHistogram)
+
+    def summary(self, total_tokens: int) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "tokens": self.tokens,
+            "token_share": self.tokens / total_tokens if total_tokens else 0.0,
+            "gateway": self.gateway,
+            "ttft_p50": self.ttft.quantile(0.5),
+            "ttft_p99": self.ttft.quantile(0.99),
         }
 
 
@@ -74,6 +98,8 @@ class SimulationResult:
     """Window index (by arrival time) → (TTFT, per-request mean ITL) histograms, for plots."""
     tiers: dict[str, TierResult] = field(default_factory=dict)
     """The same figures per tier (the workload's ``tier`` of each request)."""
+    tenants: dict[str, TenantResult] = field(default_factory=dict)
+    """Tokens served and latency per tenant (the workload's ``tenant`` of each request)."""
     scaling: list[dict[str, Any]] = field(default_factory=list)
     """Every window, each ``autoscaling:`` pool's signals (``t``, ``model``, ``rate``,
     ``forecast``, ``replica_capacity``, ``demand``, ``desired``, ``replicas``)."""
@@ -82,6 +108,12 @@ class SimulationResult:
         t = self.tiers.get(name)
         if t is None:
             t = self.tiers[name] = TierResult()
+        return t
+
+    def tenant(self, name: str) -> TenantResult:
+        t = self.tenants.get(name)
+        if t is None:
+            t = self.tenants[name] = TenantResult()
         return t
 
     def record_window(self, arrival: float, ttft: float, itl: float | None) -> None:
@@ -141,6 +173,10 @@ class SimulationResult:
             }
         return out
 
+    def _tenants_summary(self) -> dict[str, dict[str, Any]]:
+        total = sum(t.tokens for t in self.tenants.values())
+        return {name: t.summary(total) for name, t in sorted(self.tenants.items())}
+
     def summary(self) -> dict[str, Any]:
         """The figures ``--json`` prints."""
         return {
@@ -169,6 +205,7 @@ class SimulationResult:
             "simulated_requests_per_wall_s": self.requests_arrived / self.wall_s if self.wall_s else 0.0,
             "per_endpoint": self.per_endpoint,
             "tiers": {name: t.summary(bool(self.slo)) for name, t in sorted(self.tiers.items())},
+            "tenants": self._tenants_summary(),
             **(
                 {
                     "scaling_summary": self.scaling_summary(),

@@ -59,16 +59,27 @@ async def _run(
     result: SimulationResult,
     progress: Callable[[float, int], None] | None,
     drain_s: float,
+    split: str = "clients",
 ) -> None:
     loop = asyncio.get_running_loop()
     for gw in gateways:
         await gw.start()
     gateway = gateways[0]
     inflight: set[asyncio.Task[None]] = set()
+    homes: dict[str, int] = {}
+    """``split="tenants"``: tenant → its gateway, in turn by first appearance."""
 
     async def one(spec: Any, n: int) -> None:
-        # Clients spread over the gateways in turn (as a load balancer in front would).
-        gateway = gateways[n % len(gateways)]
+        if split == "tenants":
+            # Each tenant's connections all on one gateway (as behind a load balancer
+            # that hashes on the client), the tenants dealt out in turn.
+            home = homes.get(spec.tenant)
+            if home is None:
+                home = homes[spec.tenant] = len(homes) % len(gateways)
+                result.tenant(spec.tenant).gateway = home
+        else:
+            home = n % len(gateways)  # clients take the gateways in turn
+        gateway = gateways[home]
         pools: dict[str, Pool] = gateway.routes
         model = getattr(spec, "model", None) or default_model
         pool = pools[model]
@@ -143,6 +154,10 @@ async def _run(
         tier.ttft.add(ttft)
         tier.e2e.add(end - now)
         tier.completed += 1
+        who = result.tenant(spec.tenant)
+        who.completed += 1
+        who.tokens += len(spec.prompt) + seq.output_count
+        who.ttft.add(ttft)
         # A request's inter-token latency is its mean gap (time per output token).
         tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
         result.record_window(now, ttft, tpot)
@@ -252,10 +267,15 @@ def simulate(
     drain_s: float = 600.0,
     gateways: int = 1,
     shared_state: bool = True,
+    split: str = "clients",
 ) -> SimulationResult:
     """Run ``workload`` against the deployment in virtual time and measure it. With
     ``gateways`` above 1, that many gateways share the engines, clients take them in turn,
-    and (``shared_state``) they share routing state as a fleet does (``fleet:``)."""
+    and (``shared_state``) they share routing state as a fleet does (``fleet:``); with
+    ``split="tenants"`` each tenant's requests all go to one gateway instead (tenants dealt
+    out in turn)."""
+    if split not in ("clients", "tenants"):
+        raise ValueError(f"split must be 'clients' or 'tenants', not {split!r}")
     from shuniu.core.fleet import MemoryHub
     from shuniu.core.gateway import Gateway
 
@@ -293,6 +313,7 @@ def simulate(
             result,
             progress,
             drain_s,
+            split,
         )
 
     run_virtual(main())
