@@ -14,6 +14,11 @@ Waiters that cannot go although slots are free (pinned to a version without room
 tier over its ``max_share``) are skipped: up to ``_LOOKAHEAD`` further waiters are tried
 before a dispatch round stops, and every arrival and release runs a round, so a queue head
 of such waiters is a bounded head-of-line block.
+
+Why this file is long: the queue's structures (heap, intrusive lists, levels, tenants) and
+what reads them (admission's predicted wait, dispatch, the fleet's backlog and slot budget)
+share one set of invariants on the hot path; split across modules they would have to reach
+into each other's private state.
 """
 
 from __future__ import annotations
