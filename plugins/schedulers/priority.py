@@ -125,6 +125,19 @@ class PriorityOptions(Options):
         return self
 
 
+def _limits(pool: PoolView) -> tuple[int, int] | None:
+    """The concurrency limits of the pool's serving endpoints, summed, and their slots in
+    use (the fleet's, with ``fleet:``); ``None`` when an endpoint has no limit."""
+    total = busy = 0
+    for e in pool.endpoints:
+        if e.healthy and not e.draining:
+            if e.limit == 0:
+                return None
+            total += e.limit
+            busy += e.in_flight + e.remote_in_flight
+    return total, busy
+
+
 class _Tier:
     __slots__ = (
         "client_priority",
@@ -162,13 +175,10 @@ class _Tier:
         headroom = self.headroom
         if share is None and headroom is None:
             return True
-        total = busy = 0
-        for e in pool.endpoints:
-            if e.healthy and not e.draining:
-                if e.limit == 0:
-                    return True  # an endpoint without a limit: no contention to share
-                total += e.limit
-                busy += e.in_flight + e.remote_in_flight  # the fleet's, with fleet:
+        limits = _limits(pool)
+        if limits is None:
+            return True  # an endpoint without a limit: no contention to share
+        total, busy = limits
         if share is not None and self.in_flight + self.remote_in_flight >= share * total:
             return False
         return headroom is None or busy + 1 <= (1.0 - headroom) * total
@@ -177,16 +187,15 @@ class _Tier:
 class _Tenant:
     """A tenant's fair-queueing state within one priority level."""
 
-    __slots__ = ("counted", "finish", "idle_key", "in_idle", "name", "queued", "weight")
+    __slots__ = ("finish", "idle_key", "in_idle", "name", "queued", "weight")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.finish = 0.0
         self.queued = 0
         self.weight = 1.0
-        """The weight of its latest queued request (what the fleet's slot budget counts)."""
-        self.counted = 0.0
-        """The weight it adds to its level's ``weight`` while it has waiters."""
+        """The weight of its latest queued request: what it adds to its level's ``weight``
+        while it has waiters, and what the fleet's slot budget counts."""
         self.idle_key = 0.0
         """``finish`` when pushed on the level's idle heap (the heap's key must not move)."""
         self.in_idle = False
@@ -592,6 +601,10 @@ class PriorityScheduler(Scheduler):
                 ahead += level.count
         return ahead * self._interval
 
+    def _cost_of(self, req: InferenceRequest) -> int:
+        """What fair shares count of a request: prompt plus expected output tokens."""
+        return req.prompt_tokens + (req.max_tokens or self.options.default_output_tokens)
+
     def _predicted_for(self, req: InferenceRequest, tier: _Tier, prio: int) -> float:
         """Seconds until a newcomer would be dispatched: every waiter of a better level
         first, then its own level's share of the rate, as fair queueing serves it. A tenant
@@ -599,29 +612,19 @@ class PriorityScheduler(Scheduler):
         another tenant's backlog; one with a backlog waits for its own waiters' service.
         Virtual time moves at the dispatched cost rate over the weights of the tenants
         waiting there, so the wait is ``(start - virtual time) * weights / cost rate``."""
-        if not self._samples:
-            return 0.0
+        wait = self._predicted(prio - 1)  # every waiter of a better level
         interval = self._interval
-        ahead = 0
-        for p, level in self._levels.items():
-            if p < prio:
-                ahead += level.count
-        wait = ahead * interval
         level = self._levels.get(prio)
         if level is None or self._cost <= 0 or interval <= 0:
             return wait
         name = req.principal.tenant
-        weight = self._weights.get(name, tier.weight)
         tenant = level.tenants.get(name)
         start = level.vtime
         weights = level.weight
-        if tenant is not None:
-            if tenant.finish > start:
-                start = tenant.finish
-            if not tenant.queued:
-                weights += weight
-        else:
-            weights += weight
+        if tenant is None or not tenant.queued:
+            weights += self._weights.get(name, tier.weight)
+        if tenant is not None and tenant.finish > start:
+            start = tenant.finish
         # Virtual time sits at the start tag of the request dispatched last: one mean
         # dispatch of it is already under way.
         own = (start - level.vtime) * weights * interval / self._cost - interval
@@ -671,14 +674,12 @@ class PriorityScheduler(Scheduler):
         if tenant is None:
             tenant = level.tenants[name] = _Tenant(name)
         weight = self._weights.get(name, tier.weight)
-        cost = req.prompt_tokens + (req.max_tokens or self.options.default_output_tokens)
+        cost = self._cost_of(req)
         start = level.vtime if level.vtime > tenant.finish else tenant.finish
         finish = start + cost / weight
         tenant.finish = finish
+        level.weight += weight - tenant.weight if tenant.queued else weight
         tenant.weight = weight
-        if not tenant.queued:
-            tenant.counted = weight
-            level.weight += weight
         if self._fleet:  # what the fleet's other queues charge this tenant too
             served = self._service.get(str(prio))
             if served is None:
@@ -742,7 +743,7 @@ class PriorityScheduler(Scheduler):
         tenant = waiter.tenant
         tenant.queued -= 1
         if not tenant.queued:
-            level.weight -= tenant.counted
+            level.weight -= tenant.weight
         if not level.count:
             # The level went idle: its virtual time and tenants start afresh (as in SFQ), so
             # no state outlives a backlog.
@@ -851,15 +852,8 @@ class PriorityScheduler(Scheduler):
         """Slots this gateway may hold: its budget of the pool's concurrency limits
         (``None`` while an endpoint has no limit, so there is nothing to split)."""
         budget = self._budget
-        if budget is None:
-            return None
-        total = 0
-        for e in pool.endpoints:
-            if e.healthy and not e.draining:
-                if e.limit == 0:
-                    return None
-                total += e.limit
-        return budget * total
+        limits = _limits(pool) if budget is not None else None
+        return None if budget is None or limits is None else budget * limits[0]
 
     def _take(self, waiter: _Waiter, from_heap: bool, now: float) -> None:
         """``waiter`` got a slot: account for it and take it off the queue."""
@@ -875,9 +869,7 @@ class PriorityScheduler(Scheduler):
             self._samples += 1
             alpha = max(_ALPHA, 1.0 / self._samples)  # a running mean first, then an EWMA
             self._interval += alpha * (interval - self._interval)
-            req = waiter.request
-            cost = req.prompt_tokens + (req.max_tokens or self.options.default_output_tokens)
-            self._cost += alpha * (cost - self._cost)
+            self._cost += alpha * (self._cost_of(waiter.request) - self._cost)
             self._mark = now
         self._unqueue(waiter, _DISPATCHED)
         if from_heap and level.count:

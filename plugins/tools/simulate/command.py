@@ -189,35 +189,53 @@ def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
-    eps = Table(title="per endpoint")
-    for col in ("endpoint", "completed", "tokens", "prefix hits", "preemptions", "busy"):
-        eps.add_column(col, justify="right" if col != "endpoint" else "left")
-    for name, e in s["per_endpoint"].items():
-        eps.add_row(
-            name,
-            f"{e['completed']:,}",
-            f"{e['generated_tokens']:,}",
-            f"{e['prefix_hit_rate']:.1%}",
-            f"{e['preemptions']:,}",
-            f"{e['busy_share']:.0%}",
-        )
-    console.print(eps)
-    if len(s.get("tenants") or {}) > 1:
-        per = Table(title="per tenant")
-        for col in ("tenant", "gateway", "completed", "tokens", "token share", "TTFT p99 (ms)"):
-            per.add_column(col, justify="right" if col != "tenant" else "left")
-        for name, t in s["tenants"].items():
-            per.add_row(
+    _print_rows(
+        console,
+        "per endpoint",
+        ("endpoint", "completed", "tokens", "prefix hits", "preemptions", "busy"),
+        [
+            (
                 name,
-                "-" if t["gateway"] is None else str(t["gateway"]),
-                f"{t['completed']:,}",
-                f"{t['tokens']:,}",
-                f"{t['token_share']:.1%}",
-                _ms(t["ttft_p99"]),
+                f"{e['completed']:,}",
+                f"{e['generated_tokens']:,}",
+                f"{e['prefix_hit_rate']:.1%}",
+                f"{e['preemptions']:,}",
+                f"{e['busy_share']:.0%}",
             )
-        console.print(per)
+            for name, e in s["per_endpoint"].items()
+        ],
+    )
+    if len(s.get("tenants") or {}) > 1:
+        _print_rows(
+            console,
+            "per tenant",
+            ("tenant", "gateway", "completed", "tokens", "token share", "TTFT p99 (ms)"),
+            [
+                (
+                    name,
+                    "-" if t["gateway"] is None else str(t["gateway"]),
+                    f"{t['completed']:,}",
+                    f"{t['tokens']:,}",
+                    f"{t['token_share']:.1%}",
+                    _ms(t["ttft_p99"]),
+                )
+                for name, t in s["tenants"].items()
+            ],
+        )
     if s.get("scaling_summary"):
         _print_scaling(s, console)
+
+
+def _print_rows(console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:  # type: ignore[no-untyped-def]
+    """A table named by its first column (left-aligned), the figures right-aligned."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def _print_scaling(s: dict, console) -> None:  # type: ignore[no-untyped-def,type-arg]
@@ -226,20 +244,23 @@ def _print_scaling(s: dict, console) -> None:  # type: ignore[no-untyped-def,typ
     def at(t: float | None) -> str:
         return "-" if t is None else f"{t:,.0f}"
 
-    table = Table(title="desired replicas against the run's fixed replicas")
-    for col in ("model", "replicas", "rose above (s)", "SLO broken (s)", "ahead (s)", "peak", "back (s)"):
-        table.add_column(col, justify="left" if col == "model" else "right")
-    for model, m in s["scaling_summary"].items():
-        table.add_row(
-            model,
-            str(m["replicas"]),
-            at(m["rose_at_s"]),
-            at(m["slo_broken_at_s"]) if m["slo_broken_at_s"] is not None else "never",
-            at(m["lead_s"]),
-            f"{m['peak_desired']} at {at(m['peak_at_s'])} s",
-            at(m["fell_at_s"]),
-        )
-    console.print(table)
+    _print_rows(
+        console,
+        "desired replicas against the run's fixed replicas",
+        ("model", "replicas", "rose above (s)", "SLO broken (s)", "ahead (s)", "peak", "back (s)"),
+        [
+            (
+                model,
+                str(m["replicas"]),
+                at(m["rose_at_s"]),
+                at(m["slo_broken_at_s"]) if m["slo_broken_at_s"] is not None else "never",
+                at(m["lead_s"]),
+                f"{m['peak_desired']} at {at(m['peak_at_s'])} s",
+                at(m["fell_at_s"]),
+            )
+            for model, m in s["scaling_summary"].items()
+        ],
+    )
     timeline = Table(title="signals over time (every minute)")
     for col in ("t (s)", "model", "rate now", "forecast", "replica capacity", "desired"):
         timeline.add_column(col, justify="left" if col == "model" else "right")
