@@ -22,11 +22,13 @@ import inspect
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from shuniu.core.config import Deployment, FleetConfig
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.fleet import FleetSync, FleetTransport
+from shuniu.core.governance import Governance
 from shuniu.core.http.app import Dispatch, build_app
 from shuniu.core.http.fleet import Peers
 from shuniu.core.http.workers import WorkerInfo
@@ -83,6 +85,9 @@ class Gateway:
         gw = config.gateway
         builder = PoolBuilder(plugins)
         built = builder.build(resolved)
+        self.governance = _governance(resolved)
+        """The ledger, budgets and managed keys (``governance:``), or ``None``."""
+        managed = self.governance.keys.table if self.governance and self.governance.keys else None
         degrades = [t.degrade for t in config.tiers.values() if t.degrade is not None]
         # The records' times are the event loop's; so is the monitor's clock.
         overload = OverloadMonitor(
@@ -96,10 +101,11 @@ class Gateway:
             resilience=built.resilience,
             engines=built.engines,
             router=Router(config.models, built.pools),
-            tenancy=builder.tenancy(resolved, built.pools),
+            tenancy=builder.tenancy(resolved, built.pools, managed=managed),
             cache=builder.cache(resolved),
             overload=overload,
         )
+        self.state.governance = self.governance
         self.watchers = Watchers(self.state)
         fleet_cfg = config.fleet
         if fleet is None and fleet_cfg is not None:
@@ -136,6 +142,8 @@ class Gateway:
         )
         if degrades:
             recorder.add(overload.observe)
+        if self.governance is not None and self.governance.ledger is not None:
+            recorder.add(self.governance.ledger.observe)
         self.metrics = (
             GatewayMetrics(self.state, self.hardware, self.fleet, self.discoveries) if gw.metrics else None
         )
@@ -233,6 +241,8 @@ class Gateway:
                 self.watchers.watch(pool, endpoint)
         if self.fleet is not None:
             await self.fleet.start()
+        if self.governance is not None:
+            await self.governance.start()
         self.discoveries.start()
         self.autoscalers.start()
         for fn in self.plugins.hook_functions("gateway_startup"):
@@ -272,6 +282,12 @@ class Gateway:
             self.access_log.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
+        if self.governance is not None:
+            # Last of the request path's parts: every request has been recorded by now.
+            try:
+                await self.governance.stop()
+            except Exception:
+                log.exception("governance did not stop cleanly")
         cache = state.cache
         stores = [s for s in (state.tenancy.store, cache.store if cache else None) if s is not None]
         results += await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
@@ -281,3 +297,23 @@ class Gateway:
         for r in results:
             if isinstance(r, BaseException):
                 log.warning("a backend or engine failed to stop cleanly: %r", r)
+
+
+def _governance(resolved: ResolvedDeployment) -> Governance | None:
+    """The deployment's governance, or ``None`` without a ``governance:`` section."""
+    config = resolved.deployment
+    cfg = config.governance
+    if cfg is None:
+        return None
+    source = Path(resolved.source)
+    base = source.parent if source.is_file() else Path.cwd()
+    enabled = cfg.keys.enabled
+    if enabled is None:
+        enabled = bool(config.auth.authenticators) and cfg.ledger is not None
+    rl = config.rate_limits
+    return Governance(
+        cfg,
+        base=base,
+        default_output_tokens=rl.default_output_tokens if rl is not None else 256,
+        keys_enabled=enabled,
+    )

@@ -146,7 +146,11 @@ class Operations:
         state.router = Router(new_cfg.models, new.pools)
         old_store = state.tenancy.store
         same_limits = new_cfg.rate_limits == old_cfg.rate_limits
-        state.tenancy = self._builder.tenancy(resolved, new.pools, store=old_store if same_limits else None)
+        governance = state.governance
+        managed = governance.keys.table if governance is not None and governance.keys is not None else None
+        state.tenancy = self._builder.tenancy(
+            resolved, new.pools, store=old_store if same_limits else None, managed=managed
+        )
         cache_changed = new_cfg.cache != old_cfg.cache
         if cache_changed:
             old_cache = state.cache
@@ -221,6 +225,9 @@ def reload_problems(old: Deployment, new: Deployment) -> list[Problem]:
     ):
         if getattr(old.gateway, field) != getattr(new.gateway, field):
             problems.append(Problem(f"gateway.{field}", "changes only with a restart"))
+
+    if old.governance != new.governance:
+        problems.append(Problem("governance", "changes only with a restart"))
 
     def launched(d: Deployment) -> dict[tuple[str, int], str]:
         return {

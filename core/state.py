@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from shuniu.core.config import Deployment, ModelConfig
+from shuniu.core.governance import Governance
 from shuniu.core.pipeline.degradation import OverloadMonitor
 from shuniu.core.pipeline.response_cache import ResponseCache
 from shuniu.core.pipeline.router import Router
@@ -37,6 +38,9 @@ class StateView(Protocol):
     def config(self) -> Deployment: ...
 
     @property
+    def resolved(self) -> ResolvedDeployment: ...
+
+    @property
     def pools(self) -> Mapping[str, Pool]: ...
 
     @property
@@ -56,6 +60,8 @@ class StateView(Protocol):
 
     @property
     def tenancy(self) -> Tenancy: ...
+    @property
+    def governance(self) -> Governance | None: ...
 
     @property
     def started(self) -> bool: ...
@@ -80,6 +86,7 @@ class GatewayState:
         "config",
         "draining",
         "engines",
+        "governance",
         "overload",
         "pools",
         "resilience",
@@ -117,6 +124,8 @@ class GatewayState:
         self.tenancy = tenancy
         self.cache = cache
         self.overload = overload
+        self.governance: Governance | None = None
+        """The ledger, budgets and managed keys (``governance:``), kept across reloads."""
         self.started = False
         self.draining = False
 
@@ -138,7 +147,7 @@ class GatewayState:
 
 def shared_stores(view: StateView) -> dict[str, bool]:
     """The deployment's stores that can answer without their server (Redis), by name
-    (``rate_limits``, ``cache``) → whether they do now. An in-process store has no
+    (``rate_limits``, ``cache``, ``budgets``) → whether they do now. An in-process store has no
     ``degraded`` flag and is not listed."""
     cache = view.cache
     out: dict[str, bool] = {}
@@ -146,4 +155,7 @@ def shared_stores(view: StateView) -> dict[str, bool]:
         flag = getattr(store, "degraded", None)
         if isinstance(flag, bool):
             out[name] = flag
+    governance = view.governance
+    if governance is not None and governance.cfg.redis_url is not None:
+        out["budgets"] = governance.counters.degraded
     return out

@@ -13,6 +13,7 @@ import msgspec
 __all__ = [
     "POOLING_APIS",
     "Api",
+    "Budget",
     "Chunk",
     "Completion",
     "Embeddings",
@@ -69,6 +70,16 @@ class Limits(msgspec.Struct, frozen=True, omit_defaults=True):
         )
 
 
+class Budget(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A budget of one credential: tokens or money (exactly one set) per ``period``."""
+
+    period: Literal["day", "month", "total"] = "day"
+    tokens: int | None = None
+    cost: float | None = None
+    soft: float = 0.8
+    """Share of the budget at which the caller is warned."""
+
+
 class Principal(msgspec.Struct, frozen=True, omit_defaults=True):
     """Who sent a request. Filled by an authenticator; anonymous on an open gateway."""
 
@@ -81,6 +92,11 @@ class Principal(msgspec.Struct, frozen=True, omit_defaults=True):
     be allowed by both. ``None``: any the tier allows."""
     limits: Limits | None = None
     """Limits of this credential, overriding its tier's per-key limits field by field."""
+    project: str | None = None
+    """A grouping of keys (a team, an application) that budgets and reports can name."""
+    budgets: tuple[Budget, ...] = ()
+    """This credential's own budgets (its tenant's and project's come from
+    ``governance``)."""
 
 
 ANONYMOUS = Principal()
@@ -282,6 +298,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     error_code: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt tokens, those the engine's prefix cache served (0 when it does not
+    say)."""
     arrival: float = 0.0
     """Event-loop time the request arrived."""
     admitted: float | None = None

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
+from shuniu.core.tasks import cancel_and_wait
 from shuniu.core.traffic import synthetic_ids
 from shuniu.core.types import EndpointLoad
 
@@ -566,12 +567,7 @@ class SimEngine:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     def load(self) -> EndpointLoad:
         return self.core.load()

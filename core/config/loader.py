@@ -583,6 +583,15 @@ def _cross_check_tenancy(
         loc = ("auth", "authenticators", i, "options")
         if not isinstance(options, AuthenticatorOptions):
             continue
+        if options.sets_budgets() and deployment.governance is None:
+            problems.append(
+                Problem(
+                    field_path(loc),
+                    "some credential has `budgets`, which need a `governance:` section (add "
+                    "`governance: {}` for the SQLite ledger and counters in this process)",
+                    line_for(lines, loc),
+                )
+            )
         for tier, where in options.referenced_tiers().items():
             if tier not in tiers:
                 problems.append(

@@ -27,6 +27,14 @@ from shuniu.core.config.endpoints import (
     RestartConfig,
     placeholders,
 )
+from shuniu.core.config.governance import (
+    BudgetConfig,
+    BudgetsConfig,
+    GovernanceConfig,
+    LedgerConfig,
+    ManagedKeysConfig,
+    PriceConfig,
+)
 from shuniu.core.redis_client import check_redis_url
 
 Modality = Literal["text", "image", "audio", "video", "file"]
@@ -42,6 +50,8 @@ __all__ = [
     "AuthenticatorConfig",
     "AutoscalingConfig",
     "BalancerConfig",
+    "BudgetConfig",
+    "BudgetsConfig",
     "CacheConfig",
     "CapacityConfig",
     "ClassifierConfig",
@@ -52,14 +62,18 @@ __all__ = [
     "FilterConfig",
     "FleetConfig",
     "GatewayConfig",
+    "GovernanceConfig",
     "HealthConfig",
     "LaunchConfig",
+    "LedgerConfig",
     "LimitsConfig",
     "LoadConfig",
+    "ManagedKeysConfig",
     "ModelConfig",
     "Options",
     "OutlierConfig",
     "PoolingConfig",
+    "PriceConfig",
     "RateLimitsConfig",
     "RestartConfig",
     "RetryConfig",
@@ -666,6 +680,9 @@ class Deployment(_Strict):
     fleet: FleetConfig | None = None
     """Routing state shared with the fleet's other gateways through Redis. Without it each
     gateway (and each worker) routes on what it alone has seen."""
+    governance: GovernanceConfig | None = None
+    """The usage ledger, prices, budgets and keys managed at run time
+    (``docs/governance.md``). Without it nothing is recorded and no budget applies."""
     models: dict[str, ModelConfig] = Field(min_length=1)
     """Model name → model. The name is what clients put in ``model``."""
 
@@ -709,6 +726,13 @@ class Deployment(_Strict):
                         f"models.{name}.routes[{i}]: sends {' and '.join(sorted(missing))} requests to "
                         f"{rule.to!r}, which takes {', '.join(self.models[rule.to].modalities)} "
                         f"(add them to models.{rule.to}.modalities)"
+                    )
+        if self.governance is not None:
+            for name in self.governance.prices:
+                if name not in self.models:
+                    raise ValueError(
+                        f"governance.prices.{name}: no model named {name!r} "
+                        f"(models: {', '.join(self.models)})"
                     )
         for name, model in self.models.items():
             fallback = model.retries.fallback

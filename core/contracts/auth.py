@@ -51,3 +51,13 @@ class AuthenticatorOptions(Options):
     def sets_limits(self) -> bool:
         """Whether some credential carries rate limits of its own. Default: no."""
         return False
+
+    def sets_budgets(self) -> bool:
+        """Whether some credential carries budgets of its own (then the deployment needs
+        ``governance:``). Default: no."""
+        return False
+
+    def key_ids(self) -> set[str]:
+        """The ids of the credentials it lists, so keys created at run time cannot take one.
+        Default: none."""
+        return set()

@@ -43,9 +43,11 @@ from shuniu.core.state import GatewayState, shared_stores
 from shuniu.core.types import Api
 from shuniu.core.views.access import admin_refusal, is_admin, metrics_refusal
 from shuniu.core.views.admin import admin_routes
+from shuniu.core.views.keys import key_routes
 from shuniu.core.views.readiness import endpoint_devices, model_list, readiness, readiness_summary
 from shuniu.core.views.status import StatusWindow, status_json
 from shuniu.core.views.status_page import PAGE_CONTENT_TYPE, PAGE_HEADERS, render_page
+from shuniu.core.views.usage import UsageSummary, usage_routes
 
 __all__ = ["Dispatch", "build_app"]
 
@@ -96,6 +98,8 @@ class Dispatch:
                 self.peers is not None
                 and scope["method"] in _CHANGES
                 and scope["path"].startswith("/admin/")
+                # Keys live in the database: the others read the change from there.
+                and not scope["path"].startswith("/admin/keys")
                 and not any(k == LOCAL for k, _ in scope["headers"])
             ):
                 await self._everywhere(self.peers, scope, receive, send)
@@ -262,6 +266,8 @@ def build_app(
         # The page is a static shell: the data comes from /status.json, with the user's key.
         return Response(status_body, status_code=200, media_type=PAGE_CONTENT_TYPE, headers=PAGE_HEADERS)
 
+    usage_summary = UsageSummary(state)
+
     @get("/status.json", include_in_schema=False)
     async def status_data(request: Request[Any, Any, Any]) -> Response[bytes]:
         admin = is_admin(state.config.gateway, request.scope["headers"])
@@ -270,6 +276,11 @@ def build_app(
         full = admin or state.config.gateway.readiness_details == "public"
         ok, body = readiness(state) if full else readiness_summary(state)
         data = status_json(ok, body, status, auth=state.auth_enabled)
+        if state.governance is not None and state.governance.database is not None:
+            # An admin (or anyone on an open gateway) sees every tenant; a key its own.
+            auth = state.tenancy.auth
+            tenant = None if admin or not auth else auth.authenticate(request.scope["headers"]).tenant
+            data["usage"] = await usage_summary.get(tenant)
         if fleet is not None:
             data["fleet"] = fleet.status(asyncio.get_running_loop().time())
         headers = request.scope["headers"]
@@ -312,6 +323,8 @@ def build_app(
             status_data,
             *([metrics_page] if metrics is not None and not own_metrics else []),
             *admin_routes(state, ops),
+            *key_routes(state),
+            *usage_routes(state),
             *extra_routes,
         ],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},

@@ -402,6 +402,7 @@ class _LiveCollector(Collector):
         yield from self._engines()
         yield from self._cache()
         yield from self._stores()
+        yield from self._governance()
         yield from self._fleet()
         yield from self._discovery()
         yield from self._autoscaling()
@@ -419,6 +420,56 @@ class _LiveCollector(Collector):
         for name, flag in stores.items():
             degraded.add_metric([name], 1 if flag else 0)
         yield degraded
+
+    def _governance(self) -> Iterable[Metric]:
+        governance = self.view.governance
+        if governance is None:
+            return
+        ledger = governance.ledger
+        if ledger is not None:
+            for name, text, value in (
+                (
+                    "shuniu_ledger_records",
+                    "Records the usage ledger committed to its database.",
+                    ledger.written,
+                ),
+                (
+                    "shuniu_ledger_dropped",
+                    "Records dropped because the ledger's buffer was full.",
+                    ledger.dropped,
+                ),
+                (
+                    "shuniu_ledger_write_errors",
+                    "Ledger writes that failed (records kept, retried).",
+                    ledger.write_errors,
+                ),
+            ):
+                counter = CounterMetricFamily(name, text)
+                counter.add_metric([], value)
+                yield counter
+            buffered = _gauge("shuniu_ledger_buffered", "Records waiting to be written to the ledger.", [])
+            buffered.add_metric([], ledger.buffered)
+            degraded = _gauge("shuniu_ledger_degraded", "1 while the ledger's database fails writes.", [])
+            degraded.add_metric([], 1 if ledger.degraded else 0)
+            yield buffered
+            yield degraded
+        budgets = governance.budgets
+        for name, text, counts in (
+            ("shuniu_budget_warnings", "Requests that passed a budget's soft threshold.", budgets.warnings),
+            (
+                "shuniu_budget_refusals",
+                "Requests refused by a budget (429 budget_exceeded).",
+                budgets.refusals,
+            ),
+        ):
+            family = CounterMetricFamily(name, text, labels=["level", "period"])
+            for (level, period), n in sorted(counts.items()):
+                family.add_metric([level, period], n)
+            yield family
+        if governance.keys is not None:
+            keys = _gauge("shuniu_managed_keys", "Keys managed at run time that authenticate now.", [])
+            keys.add_metric([], len(governance.keys.table))
+            yield keys
 
     def _fleet(self) -> Iterable[Metric]:
         fleet = self.fleet

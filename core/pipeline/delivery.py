@@ -49,6 +49,7 @@ async def send_completion(
     progress.first_token = loop.time()
     progress.prompt_tokens = result.usage.prompt_tokens
     progress.completion_tokens = result.usage.completion_tokens
+    progress.cached_tokens = result.usage.cached_tokens or 0
     progress.finish_reason = result.finish_reason
     if filler is not None:
         filler.completion(result)
@@ -138,6 +139,7 @@ async def send_stream(
             usage = encoder.final_usage()
             progress.prompt_tokens = usage.prompt_tokens
             progress.completion_tokens = usage.completion_tokens
+            progress.cached_tokens = usage.cached_tokens or 0
             progress.finish_reason = encoder.finish_reason
             if filler is not None and filler.usage is None:
                 filler.usage = usage

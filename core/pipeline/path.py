@@ -8,7 +8,8 @@
    when it has ``tokenizer:`` (:mod:`shuniu.core.tokenization`), the size limits, the
    shuniu headers, the tier's rules, degradation, routing rules, the version split, the
    context window;
-3. **rate limits** (:mod:`.identity`), taken for the whole request;
+3. **rate limits** (:mod:`.identity`), taken for the whole request, then the **budgets**
+   (:mod:`.budget_step`);
 4. **the response cache** (:mod:`.cache_step`): answered here, or noted to fill;
 5. **admission and attempts** (:mod:`.attempts`): the scheduler's slot and the engine's
    first output, retried elsewhere before it;
@@ -27,9 +28,10 @@ import time
 
 from shuniu.core.api.wire import Wire, wire_of
 from shuniu.core.errors import GatewayError, method_not_allowed
+from shuniu.core.governance import BudgetHold
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error, send_json
 from shuniu.core.observability.tracing import Tracing, traced
-from shuniu.core.pipeline import cache_step, identity, routing
+from shuniu.core.pipeline import budget_step, cache_step, identity, routing
 from shuniu.core.pipeline.attempts import Attempts
 from shuniu.core.pipeline.delivery import send_completion, send_stream
 from shuniu.core.pipeline.disconnect import Disconnect
@@ -160,6 +162,9 @@ class RequestPath:
         watch = Disconnect()
         watch.start(receive)
         admission: Admission | None = None
+        hold: BudgetHold | None = None
+        governance = self.state.governance
+        budgets = governance.budgets if governance is not None else None
         cache = self.state.cache
         cache_key: str | None = None
         filler: Filler | None = None
@@ -174,6 +179,15 @@ class RequestPath:
                     return
                 if admission is not None:
                     extra = [*extra, *admission.headers] if extra else admission.headers
+            if budgets is not None:
+                try:
+                    hold = await budget_step.reserve(budgets, req, pool.name)
+                except GatewayError as err:
+                    progress.fail(err)
+                    await send_error(send, err, req.id, render=wire_of(req).error)
+                    return
+                if hold is not None and hold.headers:
+                    extra = [*extra, *hold.headers]
             if cache is not None:
                 lookup = cache_step.lookup(cache, req, pool, tier, extra, send, loop, progress)
                 cache_key, filler, cache_state = await (
@@ -206,6 +220,8 @@ class RequestPath:
                 await cache_step.finish(cache, cache_key, req, progress, filler)
             if admission is not None:
                 await identity.settle(tenancy, admission, progress)
+            if hold is not None and budgets is not None:
+                budget_step.settle(budgets, hold, progress)
             now = loop.time()
             if pool.demand is not None and progress.status < 400:
                 pool.demand.finished(now, progress.completion_tokens)

@@ -28,6 +28,7 @@ class Progress:
         "admitted",
         "attempts",
         "cached",
+        "cached_tokens",
         "completion_tokens",
         "endpoint",
         "error_code",
@@ -52,6 +53,8 @@ class Progress:
         self.first_token: float | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0
+        """Of the prompt tokens, those the engine's prefix cache served."""
         self.cached = False
         self.pool: str | None = pool
         self.finish_reason: str | None = None
@@ -139,6 +142,7 @@ class Recorder:
             error_code=progress.error_code,
             prompt_tokens=progress.prompt_tokens,
             completion_tokens=progress.completion_tokens,
+            cached_tokens=progress.cached_tokens,
             arrival=req.arrival,
             admitted=progress.admitted,
             first_token=progress.first_token,

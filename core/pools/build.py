@@ -308,9 +308,16 @@ class PoolBuilder:
 
     # -- tenancy and the cache -------------------------------------------------------------
 
-    def tenancy(self, resolved: ResolvedDeployment, pools: Mapping[str, Pool], store: Any = None) -> Tenancy:
+    def tenancy(
+        self,
+        resolved: ResolvedDeployment,
+        pools: Mapping[str, Pool],
+        store: Any = None,
+        managed: Authenticator | None = None,
+    ) -> Tenancy:
         """Authenticators, tiers and the rate-limit store (``store``: keep this one, a
-        reload that leaves ``rate_limits`` alone). The pools' schedulers adopt the tiers'
+        reload that leaves ``rate_limits`` alone); ``managed``: the table of keys managed at
+        run time (their limits need a store too). The pools' schedulers adopt the tiers'
         priorities."""
         config = resolved.deployment
         registered = self.plugins.registered("authenticators")
@@ -320,12 +327,14 @@ class PoolBuilder:
             made = reg.factory(resolved.authenticator_options.get(i))
             authenticators.append(_checked(made, Authenticator, reg, "authenticator"))
         rl = config.rate_limits
-        if store is None and (rl is not None or limits_in_use(config, resolved.authenticator_options)):
+        if store is None and (
+            rl is not None or managed is not None or limits_in_use(config, resolved.authenticator_options)
+        ):
             reg = self.plugins.registered("rate_limiters")[rl.store if rl is not None else "memory"]
             store = _checked(
                 reg.factory(resolved.rate_limit_options), RateLimitStore, reg, "rate-limit store"
             )
-        tenancy = Tenancy(config, authenticators, store)
+        tenancy = Tenancy(config, authenticators, store, managed)
         priorities = tenancy.priorities
         if priorities:
             for pool in pools.values():

@@ -139,8 +139,11 @@ class Tenancy:
         deployment: Deployment,
         authenticators: list[Authenticator],
         store: RateLimitStore | None,
+        managed: Authenticator | None = None,
     ) -> None:
-        self.auth = AuthChain(authenticators)
+        """``managed``: the table of keys managed at run time, asked after the deployment's
+        authenticators."""
+        self.auth = AuthChain([*authenticators, managed] if managed is not None else authenticators)
         self.identity_headers = deployment.gateway.identity_headers and not self.auth
         tiers = {"default": TierConfig(), **deployment.tiers}
         self.tiers: dict[str, Tier] = {name: Tier(name, cfg) for name, cfg in tiers.items()}

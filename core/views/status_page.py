@@ -5,7 +5,8 @@ external assets) that fetches ``status.json`` (:mod:`shuniu.core.views.status`) 
 :data:`~shuniu.core.views.status.REFRESH_S` seconds and redraws: per model the healthy
 endpoints, the queue, requests per second, error rate and TTFT / end-to-end percentiles over
 the last minute; per endpoint its health, in-flight requests, the engine's reported load,
-counters and the managed engine's state. The page builds its DOM with ``textContent`` only,
+counters and the managed engine's state; with a usage ledger (``governance:``), the last
+day's usage by tenant and model. The page builds its DOM with ``textContent`` only,
 so nothing from the deployment or an engine is ever parsed as HTML, and its
 Content-Security-Policy allows only its own inline script and style (by hash) and requests
 to its own origin.
@@ -172,6 +173,25 @@ _SCRIPT = r"""
     return sec;
   }
 
+  function usageSection(u) {
+    // The ledger's last day by tenant and model (governance:); absent without a ledger.
+    if (!u) return null;
+    if (!u.available) return h("section", "model", h("h2", "", "Usage (last 24 h)"),
+      h("p", "bad", "The usage ledger cannot be read right now."));
+    const rows = u.rows || [];
+    const head = h("tr", "", ...["tenant", "model", "requests", "refused", "prompt tokens",
+      "cached", "completion tokens", "cost (" + (u.currency || "") + ")"].map((t) => h("th", "", t)));
+    const cell = (v, cls) => h("td", cls || "", v);
+    const body = rows.map((r) => h("tr", "", cell(num(r.groups.tenant)), cell(num(r.groups.model)),
+      cell(num(r.requests)), cell(num(r.refused), r.refused ? "bad" : ""), cell(num(r.prompt_tokens)),
+      cell(num(r.cached_tokens)), cell(num(r.completion_tokens)), cell(r.cost.toFixed(4))));
+    const table = rows.length ? h("table", "", h("thead", "", head), h("tbody", "", ...body))
+      : h("p", "mut", "No requests recorded in the last 24 hours.");
+    const sec = h("section", "model", h("h2", "", "Usage (last 24 h)"), table);
+    sec.id = "usage";
+    return sec;
+  }
+
   function render(data) {
     const status = String(data.status || "unknown");
     const overall = $("overall");
@@ -179,8 +199,11 @@ _SCRIPT = r"""
     overall.className = "badge " + (status === "ready" ? "ok" : status === "draining" ? "warn" : "bad");
     const models = data.models || {};
     const names = Object.keys(models);
-    $("models").replaceChildren(...(names.length ? names.map((n) => modelSection(n, models[n]))
-      : [h("p", "mut", "No models.")]));
+    const sections = names.length ? names.map((n) => modelSection(n, models[n]))
+      : [h("p", "mut", "No models.")];
+    const usage = usageSection(data.usage);
+    if (usage) sections.push(usage);
+    $("models").replaceChildren(...sections);
     const u = data.unrouted;
     $("unrouted").textContent = u && u.requests ? u.requests + " requests refused before routing"
       + " (bad request, credential or unknown model) in the last minute" : "";

@@ -27,24 +27,14 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shuniu.core import hookimpl
-from shuniu.core.config import LimitsConfig, Options
+from shuniu.core.config import BudgetConfig, LimitsConfig, Options
 from shuniu.core.contracts import Authenticator, AuthenticatorOptions, RegisterAuthenticator
-from shuniu.core.types import Limits, Principal
+from shuniu.core.governance import KEY_PREFIX, hash_key, new_key
+from shuniu.core.types import Budget, Limits, Principal
 
-__all__ = ["ApiKey", "ApiKeys", "ApiKeysOptions", "hash_key", "new_key"]
+__all__ = ["KEY_PREFIX", "ApiKey", "ApiKeys", "ApiKeysOptions", "hash_key", "new_key"]
 
-KEY_PREFIX = "sk-shuniu-"
 _HEX = frozenset("0123456789abcdef")
-
-
-def new_key() -> str:
-    """A fresh key: the prefix plus 256 random bits, URL-safe."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_key(key: str) -> str:
-    """The line to store for ``key``: ``sha256:<hex digest>``."""
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 class ApiKey(Options):
@@ -62,6 +52,12 @@ class ApiKey(Options):
     """Models (names or aliases) this key may use, within its tier's; ``None``: the tier's."""
     limits: LimitsConfig | None = None
     """This key's own limits, overriding its tier's ``key_limits`` field by field."""
+    project: str | None = Field(None, min_length=1, max_length=128)
+    """A grouping of keys (a team, an application) that ``governance.projects`` budgets
+    and usage reports can name."""
+    budgets: list[BudgetConfig] = Field(default_factory=list)
+    """This key's own budgets (tokens or money per day, month or in total); needs
+    ``governance:`` in the deployment."""
 
     @field_validator("hash")
     @classmethod
@@ -122,6 +118,12 @@ class ApiKeysOptions(AuthenticatorOptions):
     def referenced_models(self) -> dict[str, str]:
         return {m: f"key {key.id!r}" for key in self.keys for m in key.models or ()}
 
+    def key_ids(self) -> set[str]:
+        return {key.id for key in self.keys}
+
+    def sets_budgets(self) -> bool:
+        return any(key.budgets for key in self.keys)
+
     def sets_limits(self) -> bool:
         """Whether some key carries limits of its own (then a rate-limit store is needed)."""
         return any(
@@ -173,6 +175,10 @@ class ApiKeys(Authenticator):
                 tier=key.tier,
                 models=frozenset(key.models) if key.models is not None else None,
                 limits=_limits(key.limits),
+                project=key.project,
+                budgets=tuple(
+                    Budget(period=b.period, tokens=b.tokens, cost=b.cost, soft=b.soft) for b in key.budgets
+                ),
             )
             self._by_digest[digest] = (digest, principal)
 
