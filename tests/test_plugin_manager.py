@@ -44,7 +44,7 @@ BALANCERS = {
 }
 TENANCY = {"bench", "api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
-TOOLS = {"simulate", "plan", "sim_serve"}
+TOOLS = {"simulate", "plan", "sim_serve", "usage"}
 BUILTINS = {
     "sim",
     "openai",
