@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.dns_server import dns_server  # noqa: F401
+from tests.postgres_server import postgres_server, postgres_server_factory, postgres_url  # noqa: F401
 from tests.redis_server import redis_server, redis_server_factory, redis_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent

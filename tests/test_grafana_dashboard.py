@@ -10,6 +10,7 @@ metric in ``core/metrics.py`` without updating the dashboard and the docs fails 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -39,6 +40,9 @@ ENGINE = [
 ]  # fmt: skip
 
 
+UNUSED = hashlib.sha256(b"unused").hexdigest()
+
+
 def _deployment(logs: Path) -> str:
     # JSON is YAML: the command goes in as a JSON list.
     return f"""
@@ -48,6 +52,16 @@ cache: {{store: memory}}
 fleet: {{redis_url: "redis://127.0.0.1:9/0", timeout_s: 0.1}}
 # Likewise the shared stores' gauge: a Redis limit store with no server behind it.
 rate_limits: {{store: redis, options: {{url: "redis://127.0.0.1:9/0", timeout_s: 0.1}}}}
+# The governance families: a ledger, a budget that warns at once, keys managed at run time
+# (on, as the deployment has an authenticator: the clients' key "unused" is its one key).
+auth:
+  authenticators:
+    - kind: api_keys
+      options:
+        keys: [{{id: metrics, tenant: t, hash: "sha256:{UNUSED}"}}]
+governance:
+  ledger: {{url: "sqlite:///ledger.db"}}
+  tenants: {{t: {{budgets: [{{period: day, tokens: 1000000000, soft: 0.000001}}]}}}}
 models:
   chat:
     health: {{interval_s: 0.05}}
