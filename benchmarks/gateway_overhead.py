@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/gateway_overhead.py [--duration S] [--tenancy none|memory|redis] [--json OUT]
+    python benchmarks/gateway_overhead.py [--duration S] [--tenancy none|memory|redis]
+        [--governance off|sqlite] [--json OUT]
 
 It starts ``benchmarks/instant_upstream.py`` and ``shuniu serve`` (a generated deployment
 with one ``openai`` endpoint pointing at the upstream, ``--port 0``) as child processes,
@@ -25,6 +26,10 @@ and concurrency) are far too high to bind but are all checked, ``rate_limits`` a
 with that store. ``redis`` starts its own ``redis-server`` on a free port of 127.0.0.1 (and
 reports its CPU time too). Phases 1-3 send non-deterministic requests: the cache lookup is
 skipped (``x-shuniu-cache: skip``) and every other step runs.
+
+``--governance sqlite`` adds a usage ledger (a SQLite file in the run's temporary folder),
+a price table and two budgets per tenant that never bind but are reserved and settled on
+every request.
 
 The gateway's RSS (``/proc/PID/status`` VmRSS) is read after every phase. Every load phase
 runs ``benchmarks/loadgen.py`` in its own process. Every process started here is stopped by
@@ -127,6 +132,17 @@ cache:
 
 OBSERVABILITY = ("metrics", "off", "tracing")
 
+GOVERNANCE = """\
+governance:
+  ledger: {{url: "sqlite:///{ledger}"}}
+  prices: {{{model}: {{prompt: 0.5, cached: 0.05, completion: 1.5}}}}
+  tenants:
+    anonymous: {{budgets: [{{period: day, tokens: 1000000000000}}, {{period: month, cost: 1000000000}}]}}
+    bench: {{budgets: [{{period: day, tokens: 1000000000000}}, {{period: month, cost: 1000000000}}]}}
+"""
+"""``--governance sqlite``: every request recorded in a SQLite ledger, priced, and checked
+against two budgets of its tenant (a day's tokens, a month's money) far too high to bind."""
+
 
 def deployment_yaml(
     *,
@@ -138,6 +154,7 @@ def deployment_yaml(
     redis_url: str,
     observability: str = "metrics",
     collector: str = "",
+    ledger: str = "",
 ) -> str:
     extra = {
         "metrics": "",  # the default: /metrics on, no tracing
@@ -147,6 +164,8 @@ def deployment_yaml(
     text = DEPLOYMENT.format(
         model=MODEL, port=port, balancer=balancer, scheduler=scheduler, gateway_extra=extra
     )
+    if ledger:
+        text += GOVERNANCE.format(ledger=ledger, model=MODEL)
     if tenancy == "none":
         return text
     options = "{}" if tenancy == "memory" else f'{{url: "{redis_url}"}}'
@@ -401,7 +420,8 @@ def render(summary: list[dict[str, Any]], ok: dict[str, bool | None], meta: dict
     table = Table(
         title=(
             "shuniu gateway overhead (instant upstream, one gateway process, "
-            f"tenancy {tenancy}, observability {meta.get('observability', 'metrics')})"
+            f"tenancy {tenancy}, observability {meta.get('observability', 'metrics')}, "
+            f"governance {meta.get('governance', 'off')})"
         ),
         caption=(
             f"c={meta['concurrency']}, {meta['duration_s']:g} s per saturation phase, "
@@ -502,6 +522,12 @@ def main(argv: list[str] | None = None) -> int:
         help="metrics (default: /metrics on), off (metrics: false), tracing (metrics plus OTLP "
         "spans exported to a stub collector this script runs)",
     )
+    parser.add_argument(
+        "--governance",
+        choices=("off", "sqlite"),
+        default="off",
+        help="sqlite: a usage ledger in a SQLite file, prices and never-binding budgets (default off)",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every number to OUT")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -562,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                         redis_url=redis.url if redis is not None else "",
                         observability=args.observability,
                         collector=collector.endpoint if collector is not None else "",
+                        ledger=str(tmpdir / "ledger.db") if args.governance == "sqlite" else "",
                     )
                 )
                 gateway = children.start(
@@ -594,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": args.scheduler,
         "tenancy": args.tenancy,
         "observability": args.observability,
+        "governance": args.governance,
         "spans_exported": len(collector.spans) if collector is not None else None,
     }
     console.print(render(summary, ok, meta))

@@ -3,10 +3,13 @@ an instant backend registered in code, so the figure is what the request path co
 nothing else (no server, no client, no upstream). It sees below the noise of
 gateway_overhead.py; to compare two trees, run each tree's own interpreter, alternating:
 
-    python benchmarks/inprocess_overhead.py plain|full N json|stream
+    python benchmarks/inprocess_overhead.py plain|full|governed N json|stream
 
 ``plain``: one endpoint, the default scheduler and balancer; ``full``: API keys, memory rate
-limits, the response cache, prefix_affinity and priority over four endpoints. Prints one
+limits, the response cache, prefix_affinity and priority over four endpoints; ``governed``:
+``plain`` with a SQLite usage ledger (in a temporary folder), prices and two never-binding
+budgets of the tenant, reserved and settled on every request (the ledger's writer thread
+is in the figure). Prints one
 JSON line with ``us_per_req`` (process CPU time per request after 500 warm-up requests).
 ``PROFILE=1`` prints a cProfile of the measured requests.
 """
@@ -21,6 +24,7 @@ import json
 import os
 import pstats
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +60,17 @@ models:
 """
 
 
+GOVERNED = (
+    PLAIN
+    + """
+governance:
+  ledger: {url: "sqlite:///LEDGER"}
+  prices: {m: {prompt: 0.5, completion: 1.5}}
+  tenants: {anonymous: {budgets: [{period: day, tokens: 1000000000000}, {period: month, cost: 1000000000}]}}
+"""
+)
+
+
 class Instant(BackendBase):
     """Answers at once: 16 chunks, or the whole completion."""
 
@@ -81,7 +96,10 @@ class Plugin:
 
 async def measure(cfg: str, n: int, stream: bool) -> float:
     plugins = load_plugins(extra=[("instant", Plugin())])
-    gw = Gateway(load_deployment(None, plugins, text=FULL if cfg == "full" else PLAIN), plugins)
+    text = {"full": FULL, "plain": PLAIN, "governed": GOVERNED}[cfg]
+    if cfg == "governed":
+        text = text.replace("LEDGER", os.path.join(tempfile.mkdtemp(prefix="shuniu-ledger-"), "ledger.db"))
+    gw = Gateway(load_deployment(None, plugins, text=text), plugins)
     await gw.start()
     messages = [{"role": "user", "content": "hello there, how are you today?"}]
     body = json.dumps({"model": "m", "messages": messages, "max_tokens": 16, "stream": stream}).encode()

@@ -66,6 +66,12 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("tiers.<name>.key_limits, tiers.<name>.tenant_limits", config.LimitsConfig),
     ("rate_limits", config.RateLimitsConfig),
     ("cache", config.CacheConfig),
+    ("governance", config.GovernanceConfig),
+    ("governance.ledger", config.LedgerConfig),
+    ("governance.prices.<model>", config.PriceConfig),
+    ("governance.tenants.<name>, governance.projects.<name>", config.BudgetsConfig),
+    ("governance.tenants.<name>.budgets[], keys[].budgets[]", config.BudgetConfig),
+    ("governance.keys", config.ManagedKeysConfig),
 ]
 
 # Where the options of each plugin category go, and the key that selects the plugin.
