@@ -25,10 +25,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shuniu.core.batch import BatchRunner, BatchStore
 from shuniu.core.config import Deployment, FleetConfig
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.fleet import FleetSync, FleetTransport
-from shuniu.core.governance import Governance
+from shuniu.core.governance import Governance, open_database
 from shuniu.core.http.app import Dispatch, build_app
 from shuniu.core.http.fleet import Peers
 from shuniu.core.http.workers import WorkerInfo
@@ -106,6 +107,7 @@ class Gateway:
             overload=overload,
         )
         self.state.governance = self.governance
+        self.state.files = builder.file_store(resolved)
         self.watchers = Watchers(self.state)
         fleet_cfg = config.fleet
         if fleet is None and fleet_cfg is not None:
@@ -160,6 +162,7 @@ class Gateway:
         self.path = RequestPath(
             self.state, Intake(gw, pass_trace=self.tracing is None), recorder, self.tracing
         )
+        batch_store = _batch_store(resolved, self.state) if not virtual_time else None
         self.litestar = build_app(
             path=self.path,
             state=self.state,
@@ -173,9 +176,15 @@ class Gateway:
             on_shutdown=self.stop,
             peers=peers,
             fleet=self.fleet,
+            batch_store=batch_store,
         )
         self.app = Dispatch(self.path, self.litestar, peers)
         """The ASGI application to serve."""
+        if batch_store is not None:
+            assert self.state.files is not None
+            self.state.batches = BatchRunner(
+                config.batches, batch_store, self.state.files, self.app, lambda: self.state.routes
+            )
 
     # -- what the CLI, the simulator and tests read ---------------------------------------
 
@@ -243,6 +252,8 @@ class Gateway:
             await self.fleet.start()
         if self.governance is not None:
             await self.governance.start()
+        if state.batches is not None:
+            await state.batches.start()
         self.discoveries.start()
         self.autoscalers.start()
         for fn in self.plugins.hook_functions("gateway_startup"):
@@ -282,6 +293,8 @@ class Gateway:
             self.access_log.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
+        if state.batches is not None:
+            await state.batches.stop()
         if self.governance is not None:
             # Last of the request path's parts: every request has been recorded by now.
             try:
@@ -289,7 +302,9 @@ class Gateway:
             except Exception:
                 log.exception("governance did not stop cleanly")
         cache = state.cache
-        stores = [s for s in (state.tenancy.store, cache.store if cache else None) if s is not None]
+        stores = [
+            s for s in (state.tenancy.store, cache.store if cache else None, state.files) if s is not None
+        ]
         results += await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
         # builds and stops many in one process).
@@ -299,14 +314,28 @@ class Gateway:
                 log.warning("a backend or engine failed to stop cleanly: %r", r)
 
 
+def _base(resolved: ResolvedDeployment) -> Path:
+    """The deployment file's folder (relative database paths start there), else the
+    working directory."""
+    source = Path(resolved.source)
+    return source.parent if source.is_file() else Path.cwd()
+
+
+def _batch_store(resolved: ResolvedDeployment, state: GatewayState) -> BatchStore | None:
+    """The Batch API's queue (``batches:``), or ``None`` when the API is off."""
+    cfg = resolved.deployment.batches
+    if not cfg.enabled or state.files is None:
+        return None
+    return BatchStore(open_database(cfg.database, base=_base(resolved), timeout_s=10.0))
+
+
 def _governance(resolved: ResolvedDeployment) -> Governance | None:
     """The deployment's governance, or ``None`` without a ``governance:`` section."""
     config = resolved.deployment
     cfg = config.governance
     if cfg is None:
         return None
-    source = Path(resolved.source)
-    base = source.parent if source.is_file() else Path.cwd()
+    base = _base(resolved)
     enabled = cfg.keys.enabled
     if enabled is None:
         enabled = bool(config.auth.authenticators) and cfg.ledger is not None

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         RegisterCapacityModel,
         RegisterClassifier,
         RegisterDiscovery,
+        RegisterFileStore,
         RegisterFilter,
         RegisterHardwareProbe,
         RegisterRateLimitStore,
@@ -101,6 +102,17 @@ def register_caches(register: RegisterCacheStore) -> None:
 
     When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
     ``factory(options)`` returns a :class:`shuniu.core.contracts.CacheStore`, one per
+    gateway. Return value ignored; not ``firstresult``.
+    """
+
+
+@hookspec
+def register_file_stores(register: RegisterFileStore) -> None:
+    """Register file stores (the ``files.store`` of a deployment): where the Files API keeps
+    uploads and the gateway keeps the files it writes (a batch's output and errors).
+
+    When: once per process, at start-up. ``register(name, factory, options=OptionsModel)``;
+    ``factory(options)`` returns a :class:`shuniu.core.contracts.FileStore`, one per
     gateway. Return value ignored; not ``firstresult``.
     """
 

@@ -226,8 +226,9 @@ def reload_problems(old: Deployment, new: Deployment) -> list[Problem]:
         if getattr(old.gateway, field) != getattr(new.gateway, field):
             problems.append(Problem(f"gateway.{field}", "changes only with a restart"))
 
-    if old.governance != new.governance:
-        problems.append(Problem("governance", "changes only with a restart"))
+    for section in ("governance", "files"):
+        if getattr(old, section) != getattr(new, section):
+            problems.append(Problem(section, "changes only with a restart"))
 
     def launched(d: Deployment) -> dict[tuple[str, int], str]:
         return {

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from shuniu.core.batch import BatchRunner
 from shuniu.core.config import Deployment, ModelConfig
+from shuniu.core.contracts import FileStore
 from shuniu.core.governance import Governance
 from shuniu.core.pipeline.degradation import OverloadMonitor
 from shuniu.core.pipeline.response_cache import ResponseCache
@@ -64,6 +66,12 @@ class StateView(Protocol):
     def governance(self) -> Governance | None: ...
 
     @property
+    def files(self) -> FileStore | None: ...
+
+    @property
+    def batches(self) -> BatchRunner | None: ...
+
+    @property
     def started(self) -> bool: ...
 
     @property
@@ -82,10 +90,12 @@ class GatewayState:
     :class:`StateView`)."""
 
     __slots__ = (
+        "batches",
         "cache",
         "config",
         "draining",
         "engines",
+        "files",
         "governance",
         "overload",
         "pools",
@@ -124,6 +134,10 @@ class GatewayState:
         self.tenancy = tenancy
         self.cache = cache
         self.overload = overload
+        self.batches: BatchRunner | None = None
+        """The Batch API's runner (``batches:``)."""
+        self.files: FileStore | None = None
+        """The Files API's store (``files:``), kept across reloads."""
         self.governance: Governance | None = None
         """The ledger, budgets and managed keys (``governance:``), kept across reloads."""
         self.started = False

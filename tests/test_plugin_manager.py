@@ -42,7 +42,16 @@ BALANCERS = {
     "least_load",
     "prefix_affinity",
 }
-TENANCY = {"bench", "api_keys", "jwt", "ratelimit_memory", "ratelimit_redis", "cache_memory", "cache_redis"}
+TENANCY = {
+    "bench",
+    "api_keys",
+    "jwt",
+    "ratelimit_memory",
+    "ratelimit_redis",
+    "cache_memory",
+    "cache_redis",
+    "files_local",
+}
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
 TOOLS = {"simulate", "plan", "sim_serve", "usage"}
 BUILTINS = {

@@ -59,6 +59,8 @@ class ResolvedDeployment:
     """Validated options of the rate-limit store (``rate_limits.options``)."""
     cache_options: Any = None
     """Validated options of the cache store (``cache.options``)."""
+    file_store_options: Any = None
+    """Validated options of the file store (``files.options``)."""
     classifier_options: dict[str, Any] = field(default_factory=dict)
     """Model → validated options of its ``classifier``."""
     discovery_options: dict[tuple[str, int], Any] = field(default_factory=dict)
@@ -521,8 +523,9 @@ def _check_tenancy(
     plugins: PluginManager,
     lines: dict[tuple[Any, ...], int],
     problems: list[Problem],
-) -> tuple[dict[int, Any], Any, Any]:
-    """Look up the authenticators and the rate-limit and cache stores; validate their options."""
+) -> tuple[dict[int, Any], Any, Any, Any]:
+    """Look up the authenticators and the rate-limit, cache and file stores; validate their
+    options."""
     auth_options: dict[int, Any] = {}
     auth = data.get("auth")
     entries = auth.get("authenticators") if isinstance(auth, dict) else None
@@ -546,12 +549,16 @@ def _check_tenancy(
         if isinstance(options, dict):
             auth_options[i] = _validate_options(reg.options, options, (*loc, "options"), lines, problems)
     stores: list[Any] = []
-    for section, category in (("rate_limits", "rate_limiters"), ("cache", "caches")):
+    for section, category in (
+        ("rate_limits", "rate_limiters"),
+        ("cache", "caches"),
+        ("files", "file_stores"),
+    ):
         cfg = data.get(section)
         if not isinstance(cfg, dict):
             stores.append(None)  # absent (the memory store with its defaults), or the schema says why
             continue
-        store = cfg.get("store", "memory")
+        store = cfg.get("store", "local" if section == "files" else "memory")
         if not isinstance(store, str):
             stores.append(None)
             continue
@@ -569,7 +576,7 @@ def _check_tenancy(
             if isinstance(options, dict)
             else None
         )
-    return auth_options, stores[0], stores[1]
+    return auth_options, stores[0], stores[1], stores[2]
 
 
 def _cross_check_tenancy(

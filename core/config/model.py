@@ -19,6 +19,7 @@ from pydantic import (
 from shuniu.core.config.autoscaling import AutoscalingConfig, CapacityConfig
 from shuniu.core.config.base import Options
 from shuniu.core.config.base import Strict as _Strict
+from shuniu.core.config.batch import BatchesConfig, FilesConfig
 from shuniu.core.config.endpoints import (
     LAUNCH_PLACEHOLDERS,
     DiscoveryConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "AuthenticatorConfig",
     "AutoscalingConfig",
     "BalancerConfig",
+    "BatchesConfig",
     "BudgetConfig",
     "BudgetsConfig",
     "CacheConfig",
@@ -59,6 +61,7 @@ __all__ = [
     "Deployment",
     "DiscoveryConfig",
     "EndpointConfig",
+    "FilesConfig",
     "FilterConfig",
     "FleetConfig",
     "GatewayConfig",
@@ -680,6 +683,10 @@ class Deployment(_Strict):
     fleet: FleetConfig | None = None
     """Routing state shared with the fleet's other gateways through Redis. Without it each
     gateway (and each worker) routes on what it alone has seen."""
+    files: FilesConfig = Field(default_factory=FilesConfig)
+    """The Files API's store and limits (``docs/batch.md``)."""
+    batches: BatchesConfig = Field(default_factory=BatchesConfig)
+    """The Batch API's queue and its use of idle capacity (``docs/batch.md``)."""
     governance: GovernanceConfig | None = None
     """The usage ledger, prices, budgets and keys managed at run time
     (``docs/governance.md``). Without it nothing is recorded and no budget applies."""
@@ -727,6 +734,8 @@ class Deployment(_Strict):
                         f"{rule.to!r}, which takes {', '.join(self.models[rule.to].modalities)} "
                         f"(add them to models.{rule.to}.modalities)"
                     )
+        if self.batches.enabled and not self.files.enabled:
+            raise ValueError("batches.enabled needs files.enabled (a batch's input and output are files)")
         if self.governance is not None:
             for name in self.governance.prices:
                 if name not in self.models:

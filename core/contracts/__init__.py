@@ -11,6 +11,7 @@ scheduler          :class:`Scheduler`                      ``register_schedulers
 authenticator      :class:`Authenticator`                  ``register_authenticators``
 rate-limit store   :class:`RateLimitStore`                 ``register_rate_limiters``
 cache store        :class:`CacheStore`                     ``register_caches``
+file store         :class:`FileStore`                      ``register_file_stores``
 hardware probe     :class:`HardwareProbe`                  ``register_hardware``
 classifier         :class:`Classifier`                     ``register_classifiers``
 discovery          :class:`Discovery` (yields :class:`Target`) ``register_discovery``
@@ -35,6 +36,7 @@ from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.commands import CommandGroup
 from shuniu.core.contracts.conformance import conform, optional
 from shuniu.core.contracts.discovery import Discovery, Target
+from shuniu.core.contracts.files import FileStore, StoredFile
 from shuniu.core.contracts.fleet import SharedIndex
 from shuniu.core.contracts.hardware import DeviceReading, HardwareProbe, ProbeReport
 from shuniu.core.contracts.ratelimit import Decision, Lease, Rate, RateLimitStore
@@ -46,6 +48,7 @@ from shuniu.core.contracts.registration import (
     CapacityModelFactory,
     ClassifierFactory,
     DiscoveryFactory,
+    FileStoreFactory,
     FilterFactory,
     HardwareProbeFactory,
     RateLimitStoreFactory,
@@ -57,6 +60,7 @@ from shuniu.core.contracts.registration import (
     RegisterCapacityModel,
     RegisterClassifier,
     RegisterDiscovery,
+    RegisterFileStore,
     RegisterFilter,
     RegisterHardwareProbe,
     RegisterRateLimitStore,
@@ -94,6 +98,8 @@ __all__ = [
     "EndpointSpec",
     "EndpointView",
     "EngineEntry",
+    "FileStore",
+    "FileStoreFactory",
     "Filter",
     "FilterFactory",
     "HardwareProbe",
@@ -112,6 +118,7 @@ __all__ = [
     "RegisterCapacityModel",
     "RegisterClassifier",
     "RegisterDiscovery",
+    "RegisterFileStore",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",
@@ -123,6 +130,7 @@ __all__ = [
     "Scorer",
     "ScorerFactory",
     "SharedIndex",
+    "StoredFile",
     "Target",
     "Ticket",
     "TokenMix",

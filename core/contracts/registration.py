@@ -22,6 +22,7 @@ from shuniu.core.contracts.cache import CacheStore
 from shuniu.core.contracts.capacity import CapacityModel, CapacityTarget
 from shuniu.core.contracts.classifier import Classifier
 from shuniu.core.contracts.discovery import Discovery
+from shuniu.core.contracts.files import FileStore
 from shuniu.core.contracts.hardware import HardwareProbe
 from shuniu.core.contracts.ratelimit import RateLimitStore
 from shuniu.core.contracts.scheduler import Scheduler
@@ -34,6 +35,7 @@ __all__ = [
     "CapacityModelFactory",
     "ClassifierFactory",
     "DiscoveryFactory",
+    "FileStoreFactory",
     "FilterFactory",
     "HardwareProbeFactory",
     "RateLimitStoreFactory",
@@ -45,6 +47,7 @@ __all__ = [
     "RegisterCapacityModel",
     "RegisterClassifier",
     "RegisterDiscovery",
+    "RegisterFileStore",
     "RegisterFilter",
     "RegisterHardwareProbe",
     "RegisterRateLimitStore",
@@ -102,6 +105,7 @@ HardwareProbeFactory = Callable[[Any], HardwareProbe]
 ClassifierFactory = Callable[[Any], Classifier]
 DiscoveryFactory = Callable[[Any], Discovery]
 CapacityModelFactory = Callable[[Any, CapacityTarget], CapacityModel]
+FileStoreFactory = Callable[[Any], FileStore]
 
 RegisterBackend = Register[BackendFactory]
 RegisterBalancer = Register[BalancerFactory]
@@ -115,3 +119,4 @@ RegisterHardwareProbe = Register[HardwareProbeFactory]
 RegisterClassifier = Register[ClassifierFactory]
 RegisterDiscovery = Register[DiscoveryFactory]
 RegisterCapacityModel = Register[CapacityModelFactory]
+RegisterFileStore = Register[FileStoreFactory]

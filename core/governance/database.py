@@ -193,31 +193,53 @@ class Database:
 
     # -- the schema ---------------------------------------------------------------------
 
-    async def migrate(self, upto: int | None = None) -> int:
-        """Apply the migrations above the database's version (up to ``upto``); the version
-        it is at afterwards."""
-        await self._transaction(
-            [("CREATE TABLE IF NOT EXISTS shuniu_schema (version INTEGER NOT NULL)", [()])]
-        )
-        rows = await self._fetch("SELECT MAX(version) FROM shuniu_schema")
+    async def migrate(
+        self,
+        upto: int | None = None,
+        *,
+        migrations: Sequence[tuple[int, str, Sequence[str]]] = MIGRATIONS,
+        table: str = "shuniu_schema",
+        what: str = "the ledger",
+    ) -> int:
+        """Apply the ``migrations`` above the version recorded in ``table`` (up to
+        ``upto``); the version it is at afterwards. The ledger's are the default; the batch
+        queue keeps its own (``shuniu_batch_schema``) in the same way."""
+        await self._transaction([(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)", [()])])
+        rows = await self._fetch(f"SELECT MAX(version) FROM {table}")
         current = int(rows[0][0]) if rows and rows[0][0] is not None else 0
-        newest = MIGRATIONS[-1][0]
+        newest = migrations[-1][0]
         if current > newest:
             raise SchemaTooNewError(
-                f"the ledger's schema is version {current}, newer than this shuniu knows ({newest}); "
+                f"the schema of {what} is version {current}, newer than this shuniu knows ({newest}); "
                 "upgrade shuniu"
             )
-        for version, _what, statements in MIGRATIONS:
+        for version, _what, statements in migrations:
             if version <= current or (upto is not None and version > upto):
                 continue
             await self._transaction(
                 [
                     *((stmt, [()]) for stmt in statements),
-                    (self._sql("INSERT INTO shuniu_schema (version) VALUES (?)"), [(version,)]),
+                    (self._sql(f"INSERT INTO {table} (version) VALUES (?)"), [(version,)]),
                 ]
             )
             current = version
         return current
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """Rows of ``sql`` (written with ``?`` placeholders)."""
+        return await self._fetch(self._sql(sql), params)
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement (``?`` placeholders) in its own transaction; the rows it
+        changed."""
+        return await self._execute(self._sql(sql), params)
+
+    async def _execute(self, sql: str, params: Sequence[Any]) -> int:
+        raise NotImplementedError
+
+    async def run(self, statements: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
+        """Each ``(sql, rows of parameters)`` (``?`` placeholders), in one transaction."""
+        await self._transaction([(self._sql(sql), rows) for sql, rows in statements])
 
     async def version(self) -> int:
         rows = await self._fetch("SELECT MAX(version) FROM shuniu_schema")

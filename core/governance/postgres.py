@@ -86,6 +86,14 @@ class PostgresDatabase(Database):
             async with pool.acquire() as conn:
                 return list(await conn.fetch(sql, *params))
 
+    async def _execute(self, sql: str, params: Sequence[Any]) -> int:
+        pool = await self._get_pool()
+        async with asyncio.timeout(self._timeout_s):
+            async with pool.acquire() as conn:
+                status = await conn.execute(sql, *params)  # e.g. "UPDATE 3"
+        tail = str(status).rsplit(" ", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
     async def _transaction(self, statements: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
         pool = await self._get_pool()
         async with asyncio.timeout(self._timeout_s):

@@ -70,6 +70,20 @@ class SqliteDatabase(Database):
 
         return await self._call(run)
 
+    async def _execute(self, sql: str, params: Sequence[Any]) -> int:
+        def run() -> int:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                changed = conn.execute(sql, tuple(params)).rowcount
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return int(changed)
+
+        return await self._call(run)
+
     async def _transaction(self, statements: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
         def run() -> None:
             conn = self._connection()

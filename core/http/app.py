@@ -30,6 +30,7 @@ from shuniu.core.api.wire import (
     SCORE,
     Wire,
 )
+from shuniu.core.batch import BatchStore
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.fleet import FleetSync
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
@@ -43,6 +44,8 @@ from shuniu.core.state import GatewayState, shared_stores
 from shuniu.core.types import Api
 from shuniu.core.views.access import admin_refusal, is_admin, metrics_refusal
 from shuniu.core.views.admin import admin_routes
+from shuniu.core.views.batches import batches_routes
+from shuniu.core.views.files import files_routes
 from shuniu.core.views.keys import key_routes
 from shuniu.core.views.readiness import endpoint_devices, model_list, readiness, readiness_summary
 from shuniu.core.views.status import StatusWindow, status_json
@@ -156,6 +159,7 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]],
     peers: Peers | None = None,
     fleet: FleetSync | None = None,
+    batch_store: BatchStore | None = None,
 ) -> Litestar:
     """The Litestar app of one gateway. ``extra_routes`` are more route handlers to serve
     (the simulator server's ``/metrics``, which then replaces the gateway's own)."""
@@ -325,6 +329,8 @@ def build_app(
             *admin_routes(state, ops),
             *key_routes(state),
             *usage_routes(state),
+            *files_routes(state),
+            *batches_routes(state, batch_store),
             *extra_routes,
         ],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},

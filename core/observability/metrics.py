@@ -403,6 +403,7 @@ class _LiveCollector(Collector):
         yield from self._cache()
         yield from self._stores()
         yield from self._governance()
+        yield from self._batches()
         yield from self._fleet()
         yield from self._discovery()
         yield from self._autoscaling()
@@ -420,6 +421,31 @@ class _LiveCollector(Collector):
         for name, flag in stores.items():
             degraded.add_metric([name], 1 if flag else 0)
         yield degraded
+
+    def _batches(self) -> Iterable[Metric]:
+        runner = self.view.batches
+        if runner is None:
+            return
+        batches = _gauge("shuniu_batches", "Unfinished batches in the queue, by status.", ["status"])
+        for status in ("in_progress", "cancelling", "finalizing"):
+            batches.add_metric([status], runner.batches.get(status, 0))
+        requests = _gauge(
+            "shuniu_batch_requests",
+            "Requests of unfinished batches, by state (as of the last poll).",
+            ["state"],
+        )
+        for state in ("pending", "running", "done", "failed"):
+            requests.add_metric([state], runner.states.get(state, 0))
+        running = _gauge("shuniu_batch_requests_running_here", "Batch requests this gateway runs now.", [])
+        running.add_metric([], len(runner.running))
+        finished = CounterMetricFamily(
+            "shuniu_batch_requests_finished",
+            "Batch requests this gateway ran to an end, by outcome.",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(runner.finished.items()):
+            finished.add_metric([outcome], n)
+        yield from (batches, requests, running, finished)
 
     def _governance(self) -> Iterable[Metric]:
         governance = self.view.governance

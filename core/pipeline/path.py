@@ -83,7 +83,9 @@ class RequestPath:
             # Intake, with the credential first: an unauthenticated client's body is never read.
             if headers:
                 self.intake.check_headers(headers)
-            principal = identity.authenticate(tenancy, headers, trace)
+            # A batch request carries its owner's principal (the runner's scope; never a
+            # client's, which the server builds), else the credential decides.
+            principal = scope.get("shuniu.principal") or identity.authenticate(tenancy, headers, trace)
             req = await self.intake.read(api, wire, scope, receive, request_id, arrival)
             if principal is not None:
                 req.principal = principal

@@ -29,6 +29,7 @@ from shuniu.core.contracts import (
     Discovery,
     EndpointSpec,
     EngineEntry,
+    FileStore,
     Filter,
     RateLimitStore,
     Registration,
@@ -340,6 +341,14 @@ class PoolBuilder:
             for pool in pools.values():
                 pool.scheduler.adopt_tiers(priorities)
         return tenancy
+
+    def file_store(self, resolved: ResolvedDeployment) -> FileStore | None:
+        """The Files API's store (``files.store``), or ``None`` when the API is off."""
+        cfg = resolved.deployment.files
+        if not cfg.enabled:
+            return None
+        reg = self.plugins.registered("file_stores")[cfg.store]
+        return _checked(reg.factory(resolved.file_store_options), FileStore, reg, "file store")  # type: ignore[no-any-return]
 
     def cache(self, resolved: ResolvedDeployment) -> ResponseCache | None:
         cfg = resolved.deployment.cache

@@ -146,6 +146,10 @@ class Tenancy:
         self.auth = AuthChain([*authenticators, managed] if managed is not None else authenticators)
         self.identity_headers = deployment.gateway.identity_headers and not self.auth
         tiers = {"default": TierConfig(), **deployment.tiers}
+        batches = deployment.batches
+        if batches.enabled and batches.tier not in tiers:
+            # Batch requests run in their own tier, behind every interactive one.
+            tiers[batches.tier] = TierConfig(priority=batches.priority)
         self.tiers: dict[str, Tier] = {name: Tier(name, cfg) for name, cfg in tiers.items()}
         self.store = store
         cfg = deployment.rate_limits

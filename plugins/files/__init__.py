@@ -1,0 +1,1 @@
+"""Built-in file stores (``files.store``)."""
