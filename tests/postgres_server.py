@@ -199,6 +199,8 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture
 def postgres_url(postgres_server: PostgresServer) -> str:
+    """A fresh, empty database on the session server, for this test."""
+    postgres_server.start()  # in case a test stopped it
     return postgres_server.new_database()
 
 

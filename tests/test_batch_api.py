@@ -164,6 +164,12 @@ def test_cancelling_a_batch_keeps_what_ran(gateway_factory) -> None:  # type: ig
         lambda: (c := a.batches.retrieve(batch.id).request_counts) is not None and c.completed >= 1,
         timeout=30,
     )
+    # The status page's data shows the queue's counts while it is unfinished.
+    status = httpx.get(
+        f"{gw.url}/status.json", headers={"authorization": f"Bearer {KEY_A}"}, timeout=10
+    ).json()
+    assert status["batches"]["batches"].get("in_progress") == 1
+    assert status["batches"]["requests"]["pending"] >= 1
     cancelling = a.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = _done(a, batch.id)

@@ -84,9 +84,10 @@ def _metric(gw, name: str) -> float:  # type: ignore[no-untyped-def]
 async def _count(url: str) -> tuple[int, int]:
     conn = await asyncpg.connect(url)
     try:
-        total = await conn.fetchval("SELECT COUNT(*) FROM shuniu_usage")
-        distinct = await conn.fetchval("SELECT COUNT(DISTINCT id) FROM shuniu_usage")
-        served = await conn.fetchval("SELECT COUNT(*) FROM shuniu_usage WHERE status = 200")
+        # One statement: one snapshot (the gateways keep writing meanwhile).
+        total, distinct, served = await conn.fetchrow(
+            "SELECT COUNT(*), COUNT(DISTINCT id), COUNT(*) FILTER (WHERE status = 200) FROM shuniu_usage"
+        )
     finally:
         await conn.close()
     assert total == distinct, "a record was written twice"

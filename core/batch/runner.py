@@ -6,8 +6,10 @@ Every ``poll_interval_s`` it
 1. **validates** new batches (``validating`` → ``in_progress``, or ``failed`` with the
    lines that are wrong): the input file's requests become rows of the queue;
 2. **expires** batches past their completion window and **cancels** those asked to;
-3. **claims** requests while their pool has room: nothing queued and more free slots than
-   ``headroom`` of them, at most ``concurrency`` at once on this gateway. Each runs through
+3. **claims** requests while their pool has room: nothing queued, and slots left after
+   ``headroom`` of them, after the most interactive requests the pool ran at once in the
+   last ``burst_window_s`` and after the batch requests already running there; at most
+   ``concurrency`` at once on this gateway. Each runs through
    the gateway's own request path as its batch's owner, in the batch tier (the lowest
    priority), so the scheduler, rate limits, budgets, the ledger and the metrics see it as
    any request; a refusal for load (429 ``queue_full`` or ``rate_limit_exceeded``, 502,
@@ -24,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -83,6 +87,10 @@ class BatchRunner:
         """Requests this gateway ran to an end, by outcome."""
         self.batches: dict[str, int] = {}
         """Batches by status, as of the last poll."""
+        self.in_pool: dict[str, int] = {}
+        """Pool → batch requests this gateway runs there now (admitted or waiting)."""
+        self.peaks: dict[str, deque[tuple[float, int]]] = {}
+        """Pool → (when, interactive requests in flight) samples of the last burst window."""
         self._task: asyncio.Task[None] | None = None
         self._renewed = 0.0
         self.failing = False
@@ -167,31 +175,37 @@ class BatchRunner:
             self._renewed = now
             await store.renew(list(self.running.values()), self.cfg.lease_s)
         room = self.cfg.concurrency - len(self.running)
-        if active and room > 0 and self._any_room():
-            for item in await store.claim([b.id for b in active], room, self.cfg.lease_s):
+        pools = {id(p): p for p in self.routes().values()}
+        spare = sum(self._spare(pool, now) for pool in pools.values())
+        n = min(room, spare)
+        if active and n > 0:
+            for item in await store.claim([b.id for b in active], n, self.cfg.lease_s):
                 owner = next(b for b in active if b.id == item.batch_id)
                 self._spawn(owner, item)
 
-    def _any_room(self) -> bool:
-        return any(self._room(pool) for pool in set(self.routes().values()))
-
-    def _room(self, pool: Pool) -> bool:
-        """Whether interactive traffic leaves room in ``pool``: nothing queued, and more free
-        slots than ``headroom`` of them."""
+    def _spare(self, pool: Pool, now: float) -> int:
+        """Batch requests ``pool`` can take now besides those it runs: none while anything
+        is queued; else its slots less ``headroom`` of them, less the most interactive
+        requests it ran at once over the last ``burst_window_s`` (a burst to come finds its
+        slots free: a batch request is never preempted), less the batch requests running."""
         if pool.scheduler.queued:
-            return False
-        total = free = 0
-        unlimited = False
+            return 0
+        total = busy = 0
         for e in pool.endpoints:
-            if not e.has_capacity():
-                total += e.limit
-                continue
             if e.limit == 0:
-                unlimited = True
-                continue
+                return self.cfg.concurrency  # no limit to keep free
             total += e.limit
-            free += e.limit - e.in_flight - e.remote_in_flight
-        return unlimited or (free > 0 and free > self.cfg.headroom * total)
+            busy += e.in_flight + e.remote_in_flight
+        ours = self.in_pool.get(pool.name, 0)
+        interactive = max(0, busy - ours)
+        samples = self.peaks.setdefault(pool.name, deque())
+        samples.append((now, interactive))
+        window = self.cfg.burst_window_s
+        while samples and samples[0][0] < now - window:
+            samples.popleft()
+        peak = max(v for _t, v in samples)
+        keep = math.ceil(self.cfg.headroom * total) + peak
+        return max(0, total - keep - ours)
 
     # -- validation ---------------------------------------------------------------------
 
@@ -242,11 +256,16 @@ class BatchRunner:
         try:
             model = _decode(item.body, type=_Model).model
             pool = self.routes().get(model) if isinstance(model, str) else None
-            if pool is not None and not self._room(pool):
+            if pool is not None and self._spare(pool, time.time()) <= 0:
                 await self.store.retry_later(item, self.cfg.poll_interval_s, attempt=False)
                 return
             request_id = "batch_req_" + secrets.token_hex(12)
-            status, body = await self._call(batch, item, request_id)
+            name = pool.name if pool is not None else ""
+            self.in_pool[name] = self.in_pool.get(name, 0) + 1
+            try:
+                status, body = await self._call(batch, item, request_id)
+            finally:
+                self.in_pool[name] -= 1
             code = _error_code(body) if status >= 400 else None
             retry = status in _RETRY or (status == 429 and code in _RETRY_429)
             if retry and item.attempts + 1 < self.cfg.max_attempts:

@@ -48,8 +48,12 @@ class BatchesConfig(_Strict):
     concurrency: int = Field(8, ge=1, le=10_000)
     """Batch requests this gateway runs at once, at most."""
     headroom: float = Field(0.25, ge=0, lt=1)
-    """Share of a pool's concurrency slots kept for interactive traffic: a batch request
-    starts only while the pool has more free slots than this share, and nothing queued."""
+    """Share of a pool's concurrency slots always kept for interactive traffic (besides its
+    recent peak, ``burst_window_s``); a batch request starts only while nothing is queued."""
+    burst_window_s: float = Field(60.0, gt=0)
+    """Batch requests leave free as many slots as the most interactive requests the pool
+    ran at once over this long (a burst that comes back finds its slots: a batch request is
+    never preempted), besides ``headroom``."""
     lease_s: float = Field(60.0, gt=0)
     """A request a gateway took but has not finished (and not renewed) for this long is
     taken by another gateway (or this one after a restart): work of a gateway that died is

@@ -285,6 +285,13 @@ def build_app(
             auth = state.tenancy.auth
             tenant = None if admin or not auth else auth.authenticate(request.scope["headers"]).tenant
             data["usage"] = await usage_summary.get(tenant)
+        if state.batches is not None:
+            # The queue's totals (every tenant's, counts only; no batch ids or owners).
+            data["batches"] = {
+                "batches": state.batches.batches,
+                "requests": state.batches.states,
+                "running_here": len(state.batches.running),
+            }
         if fleet is not None:
             data["fleet"] = fleet.status(asyncio.get_running_loop().time())
         headers = request.scope["headers"]

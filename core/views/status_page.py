@@ -6,10 +6,10 @@ external assets) that fetches ``status.json`` (:mod:`shuniu.core.views.status`) 
 endpoints, the queue, requests per second, error rate and TTFT / end-to-end percentiles over
 the last minute; per endpoint its health, in-flight requests, the engine's reported load,
 counters and the managed engine's state; with a usage ledger (``governance:``), the last
-day's usage by tenant and model. The page builds its DOM with ``textContent`` only,
-so nothing from the deployment or an engine is ever parsed as HTML, and its
-Content-Security-Policy allows only its own inline script and style (by hash) and requests
-to its own origin.
+day's usage by tenant and model; while batches are unfinished, the batch queue's counts.
+The page builds its DOM with ``textContent`` only, so nothing from the deployment or an
+engine is ever parsed as HTML, and its Content-Security-Policy allows only its own inline
+script and style (by hash) and requests to its own origin.
 """
 
 from __future__ import annotations
@@ -192,6 +192,24 @@ _SCRIPT = r"""
     return sec;
   }
 
+  function batchesSection(b) {
+    // The Batch API's queue (counts only), when a batch is unfinished.
+    if (!b) return null;
+    const open = Object.values(b.batches || {}).reduce((x, y) => x + y, 0);
+    if (!open) return null;
+    const r = b.requests || {};
+    const stats = h("dl", "stats",
+      stat("unfinished batches", num(open)),
+      stat("requests pending", num(r.pending || 0)),
+      stat("running", num(r.running || 0)),
+      stat("done", num(r.done || 0)),
+      stat("failed", num(r.failed || 0), r.failed ? "bad" : ""),
+      stat("running on this gateway", num(b.running_here)));
+    const sec = h("section", "model", h("h2", "", "Batches"), stats);
+    sec.id = "batches";
+    return sec;
+  }
+
   function render(data) {
     const status = String(data.status || "unknown");
     const overall = $("overall");
@@ -203,6 +221,8 @@ _SCRIPT = r"""
       : [h("p", "mut", "No models.")];
     const usage = usageSection(data.usage);
     if (usage) sections.push(usage);
+    const batches = batchesSection(data.batches);
+    if (batches) sections.push(batches);
     $("models").replaceChildren(...sections);
     const u = data.unrouted;
     $("unrouted").textContent = u && u.requests ? u.requests + " requests refused before routing"
