@@ -235,3 +235,29 @@ def test_two_gateways_share_one_queue_in_postgres(gateway_factory, postgres_url:
     assert sum(ran) == 16 and all(n > 0 for n in ran)  # both gateways worked on it, none twice
     output = _jsonl(seen_on_two.files.content(done.output_file_id).read())
     assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(16))
+
+
+def test_a_batch_reaches_only_the_models_its_callers_tier_allows(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    config = (
+        _deployment()
+        .replace("tenant: team-b\n", "tenant: team-b\n            tier: small\n")
+        .replace("batches:", "tiers:\n  small: {models: [chat]}\nbatches:")
+    )
+    gw = gateway_factory(config)
+    b = openai.OpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    with pytest.raises(openai.NotFoundError):  # interactively: not for this tier
+        b.embeddings.create(model="embed", input="x")
+    lines = [_line(0), _line(1, "embed", "/v1/embeddings")]
+    chats = b.files.create(file=("c.jsonl", _file(lines[:1])), purpose="batch")
+    embeds = b.files.create(file=("e.jsonl", _file(lines[1:])), purpose="batch")
+    ok = _done(
+        b,
+        b.batches.create(input_file_id=chats.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+    assert ok.request_counts is not None and ok.request_counts.completed == 1
+    refused = _done(
+        b, b.batches.create(input_file_id=embeds.id, endpoint="/v1/embeddings", completion_window="24h").id
+    )
+    assert refused.request_counts is not None and refused.request_counts.failed == 1
+    errors = _jsonl(b.files.content(refused.error_file_id).read())
+    assert errors[0]["response"]["status_code"] == 404

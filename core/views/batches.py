@@ -127,6 +127,12 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
             return _bad(
                 "input_file_id", f"The file's purpose is {record.purpose!r}; a batch needs a 'batch' file."
             )
+        # Its requests run in the batch tier: the models the caller's own tier allows go with
+        # them (narrowing the credential's), so a batch reaches no model the caller cannot.
+        tier = view.tenancy.tiers.get(principal.tier)
+        if tier is not None and tier.models is not None:
+            allowed = tier.models if principal.models is None else tier.models & principal.models
+            principal = msgspec.structs.replace(principal, models=frozenset(allowed))
         now = int(time.time())
         batch = BatchRecord(
             id=new_id("batch_"),
