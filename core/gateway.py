@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shuniu.core.batch import BatchRunner, BatchStore
-from shuniu.core.config import Deployment, FleetConfig
+from shuniu.core.config import Deployment, FleetConfig, RateLimitsConfig
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.fleet import FleetSync, FleetTransport
 from shuniu.core.governance import Governance, open_database
@@ -339,10 +339,9 @@ def _governance(resolved: ResolvedDeployment) -> Governance | None:
     enabled = cfg.keys.enabled
     if enabled is None:
         enabled = bool(config.auth.authenticators) and cfg.ledger is not None
-    rl = config.rate_limits
     return Governance(
         cfg,
         base=base,
-        default_output_tokens=rl.default_output_tokens if rl is not None else 256,
+        default_output_tokens=(config.rate_limits or RateLimitsConfig()).default_output_tokens,
         keys_enabled=enabled,
     )

@@ -48,7 +48,10 @@ def _lines(n: int, url: str = "/v1/chat/completions") -> bytes:
 
 
 def test_batch_input_files_are_checked_line_by_line() -> None:
-    assert check_batch_input(_lines(3), 100) == (3, {"/v1/chat/completions"})
+    checked = check_batch_input(_lines(3), 100)
+    assert [(n, line.custom_id, line.url) for n, line in checked] == [
+        (i + 1, f"req-{i}", "/v1/chat/completions") for i in range(3)
+    ]
     bad = b"\n".join(
         [
             b'{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}',

@@ -35,12 +35,12 @@ class BatchLine(msgspec.Struct):
 _decode = msgspec.json.Decoder(BatchLine).decode
 
 
-def check_batch_input(content: bytes, max_lines: int) -> tuple[int, set[str]]:
-    """The number of requests in ``content`` and the endpoints they call, or a 400
+def check_batch_input(content: bytes, max_lines: int) -> list[tuple[int, BatchLine]]:
+    """The requests in ``content`` with their line numbers, parsed, or a 400
     ``invalid_file`` naming the lines that are wrong."""
     problems: list[str] = []
     seen: dict[str, int] = {}
-    urls: set[str] = set()
+    parsed: list[tuple[int, BatchLine]] = []
     count = 0
     lines = content.split(b"\n")
     if lines and not lines[-1].strip():
@@ -57,6 +57,7 @@ def check_batch_input(content: bytes, max_lines: int) -> tuple[int, set[str]]:
         except msgspec.DecodeError as exc:
             problems.append(f"line {number}: not a JSON object ({exc})")
             continue
+        parsed.append((number, line))
         cid = line.custom_id
         if not isinstance(cid, str) or not cid or len(cid) > _MAX_ID:
             problems.append(
@@ -70,8 +71,6 @@ def check_batch_input(content: bytes, max_lines: int) -> tuple[int, set[str]]:
             problems.append(f'line {number}: method must be "POST"')
         if line.url not in BATCH_URLS:
             problems.append(f"line {number}: url must be one of {', '.join(sorted(BATCH_URLS))}")
-        else:
-            urls.add(line.url)
         body = line.body
         if not isinstance(body, dict):
             problems.append(f"line {number}: body must be a JSON object")
@@ -89,4 +88,4 @@ def check_batch_input(content: bytes, max_lines: int) -> tuple[int, set[str]]:
         raise GatewayError(
             400, f"The batch input file is not valid: {shown}{more}.", param="file", code="invalid_file"
         )
-    return count, urls
+    return parsed

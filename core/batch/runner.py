@@ -40,6 +40,7 @@ from shuniu.core.batch.objects import output_line
 from shuniu.core.batch.store import BatchRecord, BatchStore, Item
 from shuniu.core.config import BatchesConfig
 from shuniu.core.contracts import FileStore, StoredFile
+from shuniu.core.errors import GatewayError
 from shuniu.core.ids import new_id
 from shuniu.core.pools.pool import Pool
 from shuniu.core.tasks import cancel_and_wait
@@ -219,24 +220,20 @@ class BatchRunner:
             )
         else:
             try:
-                check_batch_input(content, 10**9)
-                for number, raw in enumerate(content.splitlines(), 1):
-                    if not raw.strip():
-                        continue
-                    line = _decode(raw)
-                    if line["url"] != batch.endpoint:
+                for number, line in check_batch_input(content, 10**9):
+                    if line.url != batch.endpoint:
                         errors.append(
                             {
                                 "code": "mismatched_endpoint",
-                                "message": f"The request's url {line['url']} is not the batch's endpoint "
+                                "message": f"The request's url {line.url} is not the batch's endpoint "
                                 f"{batch.endpoint}.",
                                 "param": "url",
                                 "line": number,
                             }
                         )
-                    lines.append((line["custom_id"], msgspec.json.encode(line["body"])))
-            except Exception as exc:  # checked at upload: only a file changed since fails here
-                errors.append({"code": "invalid_file", "message": str(exc), "param": None, "line": None})
+                    lines.append((line.custom_id, msgspec.json.encode(line.body)))
+            except GatewayError as exc:  # checked at upload: only a file changed since fails here
+                errors.append({"code": "invalid_file", "message": exc.message, "param": None, "line": None})
         if errors:
             await self.store.move(batch, ("validating",), "failed", errors=errors[:100])
             return
@@ -339,9 +336,7 @@ class BatchRunner:
     # -- the end ------------------------------------------------------------------------
 
     async def _finalize(self, batch: BatchRecord, final: str) -> None:
-        if batch.status != "finalizing" and not await self.store.move(
-            batch, ("in_progress", "cancelling"), "finalizing"
-        ):
+        if not await self.store.move(batch, ("in_progress", "cancelling"), "finalizing"):
             return  # another gateway does it
         await self._write_files(batch, final)
 

@@ -57,13 +57,19 @@ def window(period: str, now: float) -> tuple[str, float]:
     return f"m{t.tm_year:04d}{t.tm_mon:02d}", float(calendar.timegm((year, month, 1, 0, 0, 0)))
 
 
-def _window_start(period: str, now: float) -> float:
+def window_start(period: str, now: float) -> float:
+    """When the current window of ``period`` began."""
     if period == "total":
         return 0.0
     t = time.gmtime(now)
     if period == "day":
         return float(calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0)))
     return float(calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0)))
+
+
+def _ttl(ends: float, now: float) -> int:
+    """Seconds a counter of the window ending at ``ends`` is kept from ``now``."""
+    return _TOTAL_TTL_S if math.isinf(ends) else int(ends - now) + _KEEP_S
 
 
 class _Line:
@@ -92,7 +98,7 @@ class _Line:
         self.ends = ends
         self.key = f"{self.scope}:{name}:{self.unit}"
         # Counted from the window's start, so it stays right for the whole window.
-        self.ttl = _TOTAL_TTL_S if math.isinf(ends) else int(ends - now) + _KEEP_S
+        self.ttl = _ttl(ends, now)
         self.booked = (self.key, self.unit, self.ttl)
 
 
@@ -257,7 +263,7 @@ class Budgets:
     ) -> dict[str, tuple[int, int]]:
         """Counter values of ``period``'s current window from the ledger's sums."""
         name, ends = window(period, now)
-        ttl = _TOTAL_TTL_S if math.isinf(ends) else int(ends - now) + _KEEP_S
+        ttl = _ttl(ends, now)
         totals: dict[str, list[float]] = {}
         for tenant, key_id, project, tokens, cost in spent:
             scopes = [f"t:{tenant}"]
@@ -274,11 +280,6 @@ class Budgets:
             out[f"{scope}:{name}:tok"] = (int(tokens), ttl)
             out[f"{scope}:{name}:cost"] = (math.ceil(cost * _MICRO), ttl)
         return out
-
-
-def window_start(period: str, now: float) -> float:
-    """When the current window of ``period`` began."""
-    return _window_start(period, now)
 
 
 def _unit(line: _Line) -> str:

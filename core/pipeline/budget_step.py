@@ -5,6 +5,8 @@ when it ends. Nothing happens for a principal without budgets."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from shuniu.core.governance import BudgetHold, Budgets
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.types import InferenceRequest
@@ -12,9 +14,10 @@ from shuniu.core.types import InferenceRequest
 __all__ = ["reserve", "settle"]
 
 
-async def reserve(budgets: Budgets, req: InferenceRequest, model: str) -> BudgetHold | None:
-    """The request's hold on its budgets (``None``: none applies), or a 429."""
-    return await budgets.reserve(req, model)
+def reserve(budgets: Budgets, req: InferenceRequest, model: str) -> Awaitable[BudgetHold | None]:
+    """The request's hold on its budgets (``None``: none applies), or a 429. Not a
+    coroutine itself: the budgets' own is returned as it is (one frame less per request)."""
+    return budgets.reserve(req, model)
 
 
 def settle(budgets: Budgets, hold: BudgetHold, progress: Progress) -> None:

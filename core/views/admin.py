@@ -33,18 +33,9 @@ from shuniu.core.operations import Operations
 from shuniu.core.state import StateView
 from shuniu.core.views.access import admin_refusal
 from shuniu.core.views.readiness import readiness
+from shuniu.core.views.replies import error_reply, json_reply
 
 __all__ = ["admin_routes"]
-
-_encode = msgspec.json.Encoder().encode
-
-
-def _response(status: int, payload: Any) -> Response[bytes]:
-    return Response(_encode(payload), status_code=status, media_type="application/json")
-
-
-def _error(err: GatewayError) -> Response[bytes]:
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
 
 
 def admin_routes(view: StateView, ops: Operations) -> list[Any]:
@@ -57,20 +48,20 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
     @get("/admin/state")
     async def state(request: Request[Any, Any, Any]) -> Response[bytes]:
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         _ok, body = readiness(view)
         for name in view.pools:
             body["models"][name]["traffic"] = view.router.traffic(name)
-        return _response(200, body)
+        return json_reply(200, body)
 
     @put("/admin/models/{model:str}/traffic")
     async def traffic(request: Request[Any, Any, Any]) -> Response[bytes]:
         model = request.path_params["model"]
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         pool = view.pools.get(model)
         if pool is None:
-            return _error(GatewayError(404, f"No model named {model!r}.", code="model_not_found"))
+            return error_reply(GatewayError(404, f"No model named {model!r}.", code="model_not_found"))
         try:
             data = msgspec.json.decode(await request.body())
             weights = data["weights"]
@@ -79,14 +70,14 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
             ):
                 raise ValueError
         except (msgspec.DecodeError, KeyError, TypeError, ValueError):
-            return _error(
+            return error_reply(
                 GatewayError(
                     400, 'Send {"weights": {"<version>": <weight >= 0>, ...}}.', code="invalid_value"
                 )
             )
         unknown = sorted(set(weights) - pool.versions)
         if unknown:
-            return _error(
+            return error_reply(
                 GatewayError(
                     400,
                     f"No endpoint of {model!r} runs version(s) {', '.join(unknown)} "
@@ -95,19 +86,21 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
                 )
             )
         if weights and not any(w > 0 for w in weights.values()):
-            return _error(GatewayError(400, "At least one weight must be above 0.", code="invalid_value"))
+            return error_reply(
+                GatewayError(400, "At least one weight must be above 0.", code="invalid_value")
+            )
         traffic = ops.set_traffic(model, {k: float(v) for k, v in weights.items()})
-        return _response(200, {"model": model, "traffic": traffic})
+        return json_reply(200, {"model": model, "traffic": traffic})
 
     async def _drain(request: Request[Any, Any, Any], name: str, on: bool) -> Response[bytes]:
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         found = view.find_endpoint(name)
         if found is None:
-            return _error(GatewayError(404, f"No endpoint named {name!r}.", code="not_found"))
+            return error_reply(GatewayError(404, f"No endpoint named {name!r}.", code="not_found"))
         _pool, endpoint = found
         ops.set_draining(endpoint, on)
-        return _response(
+        return json_reply(
             200, {"endpoint": name, "draining": endpoint.draining, "in_flight": endpoint.in_flight}
         )
 
@@ -123,18 +116,20 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
     async def add(request: Request[Any, Any, Any]) -> Response[bytes]:
         model = request.path_params["model"]
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         if model not in view.pools:
-            return _error(GatewayError(404, f"No model named {model!r}.", code="model_not_found"))
+            return error_reply(GatewayError(404, f"No model named {model!r}.", code="model_not_found"))
         try:
             data = msgspec.json.decode(await request.body())
             cfg = EndpointConfig.model_validate(data)
         except msgspec.DecodeError:
-            return _error(GatewayError(400, "The body must be a JSON endpoint entry.", code="invalid_json"))
+            return error_reply(
+                GatewayError(400, "The body must be a JSON endpoint entry.", code="invalid_json")
+            )
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "<entry>"
-            return _error(GatewayError(400, f"{where}: {first['msg']}", code="invalid_value"))
+            return error_reply(GatewayError(400, f"{where}: {first['msg']}", code="invalid_value"))
         problem = None
         if cfg.launch is not None:
             problem = "launch: is not supported at run time; start the engine and give its base_url"
@@ -148,35 +143,37 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
         if problem is None and reg is None:
             problem = f"unknown backend {cfg.kind!r}"
         if problem is not None:
-            return _error(GatewayError(400, problem, code="invalid_value"))
+            return error_reply(GatewayError(400, problem, code="invalid_value"))
         assert reg is not None
         try:
             options = reg.options.model_validate(cfg.options) if reg.options is not None else None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            return _error(GatewayError(400, f"options.{where}: {first['msg']}", code="invalid_value"))
+            return error_reply(GatewayError(400, f"options.{where}: {first['msg']}", code="invalid_value"))
         try:
             endpoint = await ops.add_endpoint(model, cfg, options)
         except Exception as exc:  # the backend could not start: nothing was added
-            return _error(GatewayError(502, f"The endpoint could not start: {type(exc).__name__}: {exc}"))
-        return _response(201, {"endpoint": endpoint.name, "model": model, "version": endpoint.version})
+            return error_reply(
+                GatewayError(502, f"The endpoint could not start: {type(exc).__name__}: {exc}")
+            )
+        return json_reply(201, {"endpoint": endpoint.name, "model": model, "version": endpoint.version})
 
     @delete("/admin/endpoints/{name:str}", status_code=200)
     async def remove(request: Request[Any, Any, Any]) -> Response[bytes]:
         name = request.path_params["name"]
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         found = view.find_endpoint(name)
         if found is None:
-            return _error(GatewayError(404, f"No endpoint named {name!r}.", code="not_found"))
+            return error_reply(GatewayError(404, f"No endpoint named {name!r}.", code="not_found"))
         pool, endpoint = found
         if name in view.engines:
-            return _error(
+            return error_reply(
                 GatewayError(409, "A launched engine is removed with the deployment file.", code="conflict")
             )
         if not endpoint.draining or endpoint.in_flight:
-            return _error(
+            return error_reply(
                 GatewayError(
                     409,
                     f"Drain {name!r} first and wait until nothing is in flight "
@@ -185,14 +182,14 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
                 )
             )
         if len(pool.endpoints) == 1:
-            return _error(GatewayError(409, "A model keeps at least one endpoint.", code="conflict"))
+            return error_reply(GatewayError(409, "A model keeps at least one endpoint.", code="conflict"))
         await ops.remove_endpoint(pool, endpoint)
-        return _response(200, {"endpoint": name, "removed": True})
+        return json_reply(200, {"endpoint": name, "removed": True})
 
     @post("/admin/reload", status_code=200)
     async def reload(request: Request[Any, Any, Any]) -> Response[bytes]:
         if (err := check(request)) is not None:
-            return _error(err)
+            return error_reply(err)
         try:
             changes = await ops.reload()
         except ConfigError as exc:
@@ -203,7 +200,7 @@ def admin_routes(view: StateView, ops: Operations) -> list[Any]:
             )
             payload = msgspec.json.decode(body.body())
             payload["error"]["problems"] = [str(p) for p in exc.problems]
-            return _response(400, payload)
-        return _response(200, {"reloaded": True, "changes": changes})
+            return json_reply(400, payload)
+        return json_reply(200, {"reloaded": True, "changes": changes})
 
     return [state, traffic, drain, undrain, add, remove, reload]

@@ -23,10 +23,9 @@ from shuniu.core.state import StateView
 from shuniu.core.types import ANONYMOUS, Principal
 from shuniu.core.views.access import is_admin
 from shuniu.core.views.pages import list_page, page_limit
+from shuniu.core.views.replies import bad_value, error_reply, json_reply
 
 __all__ = ["batches_routes"]
-
-_encode = msgspec.json.Encoder().encode
 
 
 class _Create(msgspec.Struct):
@@ -34,18 +33,6 @@ class _Create(msgspec.Struct):
     endpoint: Any = None
     completion_window: Any = "24h"
     metadata: Any = None
-
-
-def _error(err: GatewayError) -> Response[bytes]:
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
-
-
-def _json(payload: Any) -> Response[bytes]:
-    return Response(_encode(payload), status_code=200, media_type="application/json")
-
-
-def _bad(param: str, message: str) -> Response[bytes]:
-    return _error(GatewayError(400, message, param=param, code="invalid_value"))
 
 
 def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
@@ -65,7 +52,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         try:
             return auth.authenticate(headers), False
         except GatewayError as err:
-            return _error(err)
+            return error_reply(err)
 
     async def visible(principal: Principal, admin: bool, batch_id: str) -> BatchRecord | None:
         batch = await store.get(batch_id)
@@ -74,13 +61,13 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         return batch
 
     def not_found(batch_id: str) -> Response[bytes]:
-        return _error(
+        return error_reply(
             GatewayError(404, f"No batch found with id '{batch_id}'.", param="batch_id", code="not_found")
         )
 
     async def answer(batch: BatchRecord) -> Response[bytes]:
         counts = (await store.counts([batch.id])).get(batch.id, {})
-        return _json(batch_object(batch, counts))
+        return json_reply(200, batch_object(batch, counts))
 
     @post("/v1/batches", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -91,12 +78,12 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         try:
             spec = msgspec.json.decode(await request.body(), type=_Create)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return _error(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
+            return error_reply(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
         if spec.endpoint not in BATCH_URLS:
-            return _bad("endpoint", f"endpoint must be one of {', '.join(sorted(BATCH_URLS))}.")
+            return bad_value("endpoint", f"endpoint must be one of {', '.join(sorted(BATCH_URLS))}.")
         window = parse_window(spec.completion_window) if isinstance(spec.completion_window, str) else None
         if window is None:
-            return _bad(
+            return bad_value(
                 "completion_window", "completion_window must be a whole number of hours, 1h to 168h (24h)."
             )
         metadata = spec.metadata
@@ -108,7 +95,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
                 for k, v in metadata.items()
             )
         ):
-            return _bad(
+            return bad_value(
                 "metadata", "metadata: at most 16 string pairs (keys up to 64, values up to 512 characters)."
             )
         files = view.files
@@ -118,13 +105,13 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
             else None
         )
         if record is None or record.tenant != principal.tenant:
-            return _error(
+            return error_reply(
                 GatewayError(
                     404, f"No such File object: {spec.input_file_id}", param="input_file_id", code="not_found"
                 )
             )
         if record.purpose != "batch":
-            return _bad(
+            return bad_value(
                 "input_file_id", f"The file's purpose is {record.purpose!r}; a batch needs a 'batch' file."
             )
         # Its requests run in the batch tier: the models the caller's own tier allows go with
@@ -150,7 +137,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         try:
             await store.create(batch)
         except Exception:
-            return _error(
+            return error_reply(
                 GatewayError(
                     503,
                     "The batch queue cannot be reached right now; try again shortly.",
@@ -171,18 +158,13 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         try:
             limit = page_limit(params, 20, 100)
         except GatewayError as err:
-            return _error(err)
+            return error_reply(err)
         batches = await store.list(None if admin else principal.tenant)
         batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
-        counts = await store.counts([b.id for b in batches])
-        page = list_page(
-            batches,
-            params.get("after"),
-            limit,
-            lambda b: b.id,
-            lambda b: batch_object(b, counts.get(b.id, {})),
-        )
-        return _json(page)
+        page = list_page(batches, params.get("after"), limit, lambda b: b.id, lambda b: b)
+        counts = await store.counts([b.id for b in page["data"]])  # of this page's batches only
+        page["data"] = [batch_object(b, counts.get(b.id, {})) for b in page["data"]]
+        return json_reply(200, page)
 
     @get("/v1/batches/{batch_id:str}")
     async def retrieve(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -203,7 +185,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         if batch is None:
             return not_found(batch_id)
         if batch.status in TERMINAL or batch.status == "finalizing":
-            return _error(
+            return error_reply(
                 GatewayError(409, f"Cannot cancel a batch that is {batch.status}.", code="conflict")
             )
         if batch.status != "cancelling":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 
@@ -24,13 +23,13 @@ from shuniu.core.ids import new_id
 from shuniu.core.state import StateView
 from shuniu.core.views.access import is_admin
 from shuniu.core.views.pages import list_page, page_limit
+from shuniu.core.views.replies import error_reply, json_reply
 
 __all__ = ["PURPOSES", "file_object", "files_routes"]
 
 PURPOSES = frozenset({"batch", "user_data", "fine-tune", "assistants", "vision", "evals"})
 """Purposes a client may upload for (``batch`` files are checked); ``batch_output`` files
 are written by the gateway only."""
-_encode = msgspec.json.Encoder().encode
 _MULTIPART_SLACK = 1024 * 1024
 """Room for the multipart framing and the other fields above ``files.max_file_bytes``."""
 
@@ -50,16 +49,10 @@ def file_object(record: StoredFile) -> dict[str, Any]:
     }
 
 
-def _error(err: GatewayError) -> Response[bytes]:
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
-
-
-def _json(status: int, payload: Any) -> Response[bytes]:
-    return Response(_encode(payload), status_code=status, media_type="application/json")
-
-
 def _not_found(file_id: str) -> Response[bytes]:
-    return _error(GatewayError(404, f"No such File object: {file_id}", param="file_id", code="not_found"))
+    return error_reply(
+        GatewayError(404, f"No such File object: {file_id}", param="file_id", code="not_found")
+    )
 
 
 def files_routes(view: StateView) -> list[Any]:
@@ -81,7 +74,7 @@ def files_routes(view: StateView) -> list[Any]:
         try:
             return store, auth.authenticate(headers).tenant
         except GatewayError as err:
-            return _error(err)
+            return error_reply(err)
 
     async def visible(store: FileStore, tenant: str | None, file_id: str) -> StoredFile | None:
         record = await store.get(file_id)
@@ -96,7 +89,7 @@ def files_routes(view: StateView) -> list[Any]:
             return who
         store, tenant = who
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-            return _error(
+            return error_reply(
                 GatewayError(
                     400,
                     "Send the file as multipart/form-data with the fields purpose and file.",
@@ -107,7 +100,7 @@ def files_routes(view: StateView) -> list[Any]:
         purpose = form.get("purpose")
         upload = form.get("file")
         if not isinstance(purpose, str) or purpose not in PURPOSES:
-            return _error(
+            return error_reply(
                 GatewayError(
                     400,
                     f"purpose must be one of {', '.join(sorted(PURPOSES))}.",
@@ -116,7 +109,7 @@ def files_routes(view: StateView) -> list[Any]:
                 )
             )
         if not isinstance(upload, UploadFile):
-            return _error(
+            return error_reply(
                 GatewayError(
                     400, "Send the file's content in the field file.", param="file", code="invalid_value"
                 )
@@ -124,7 +117,7 @@ def files_routes(view: StateView) -> list[Any]:
         content = await upload.read()
         await upload.close()
         if len(content) > limit_bytes:
-            return _error(
+            return error_reply(
                 GatewayError(
                     413,
                     f"The file is {len(content)} bytes; the limit is {limit_bytes}.",
@@ -135,9 +128,9 @@ def files_routes(view: StateView) -> list[Any]:
         lines = 0
         if purpose == "batch":
             try:
-                lines, _urls = check_batch_input(content, view.config.files.max_batch_lines)
+                lines = len(check_batch_input(content, view.config.files.max_batch_lines))
             except GatewayError as err:
-                return _error(err)
+                return error_reply(err)
         record = StoredFile(
             id=new_id("file-"),
             tenant=tenant or "anonymous",
@@ -148,7 +141,7 @@ def files_routes(view: StateView) -> list[Any]:
             lines=lines,
         )
         await store.put(record, content)
-        return _json(200, file_object(record))
+        return json_reply(200, file_object(record))
 
     @get("/v1/files")
     async def listing(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -164,14 +157,14 @@ def files_routes(view: StateView) -> list[Any]:
             if order not in ("asc", "desc"):
                 raise GatewayError(400, "order: asc or desc.", param="order", code="invalid_value")
         except GatewayError as err:
-            return _error(err)
+            return error_reply(err)
         records = [
             r
             for r in await store.list()
             if (tenant is None or r.tenant == tenant) and (purpose is None or r.purpose == purpose)
         ]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
-        return _json(200, list_page(records, params.get("after"), limit, lambda r: r.id, file_object))
+        return json_reply(200, list_page(records, params.get("after"), limit, lambda r: r.id, file_object))
 
     @get("/v1/files/{file_id:str}")
     async def retrieve(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -180,7 +173,7 @@ def files_routes(view: StateView) -> list[Any]:
             return who
         file_id = request.path_params["file_id"]
         record = await visible(*who, file_id)
-        return _not_found(file_id) if record is None else _json(200, file_object(record))
+        return _not_found(file_id) if record is None else json_reply(200, file_object(record))
 
     @get("/v1/files/{file_id:str}/content")
     async def content(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -208,6 +201,6 @@ def files_routes(view: StateView) -> list[Any]:
         record = await visible(*who, file_id)
         if record is None or not await who[0].delete(file_id):
             return _not_found(file_id)
-        return _json(200, {"id": file_id, "object": "file", "deleted": True})
+        return json_reply(200, {"id": file_id, "object": "file", "deleted": True})
 
     return [upload, listing, retrieve, content, remove]

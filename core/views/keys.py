@@ -32,11 +32,13 @@ from shuniu.core.errors import GatewayError
 from shuniu.core.governance import KeyManager, KeyRow
 from shuniu.core.state import StateView
 from shuniu.core.views.access import admin_refusal
+from shuniu.core.views.replies import error_reply, json_reply
 
 __all__ = ["KeySpec", "key_routes"]
 
-_encode = msgspec.json.Encoder().encode
 _SECRET_FIELDS = ("hash", "previous_hash")
+_NO_STORE = {"cache-control": "no-store"}
+"""Key listings and new secrets are never cached by a proxy."""
 
 
 class KeySpec(Options):
@@ -67,19 +69,6 @@ class RotateSpec(Options):
     """How long the old secret keeps working."""
 
 
-def _response(status: int, payload: Any) -> Response[bytes]:
-    return Response(
-        _encode(payload),
-        status_code=status,
-        media_type="application/json",
-        headers={"cache-control": "no-store"},
-    )
-
-
-def _error(err: GatewayError) -> Response[bytes]:
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
-
-
 def _public(row: KeyRow, now: float) -> dict[str, Any]:
     out = {k: v for k, v in msgspec.structs.asdict(row).items() if k not in _SECRET_FIELDS and v is not None}
     if row.revoked_at is not None:
@@ -106,10 +95,10 @@ def key_routes(view: StateView) -> list[Any]:
 
     def manager(request: Request[Any, Any, Any]) -> KeyManager | Response[bytes]:
         if (err := admin_refusal(view.config.gateway, request.scope["headers"])) is not None:
-            return _error(err)
+            return error_reply(err)
         governance = view.governance
         if governance is None or governance.keys is None:
-            return _error(
+            return error_reply(
                 GatewayError(
                     404,
                     "Keys are not managed at run time here (governance.keys and a ledger in the deployment).",
@@ -126,7 +115,7 @@ def key_routes(view: StateView) -> list[Any]:
         return ids
 
     def unavailable(exc: Exception) -> Response[bytes]:
-        return _error(
+        return error_reply(
             GatewayError(
                 503,
                 f"The key table cannot be reached right now ({type(exc).__name__}); nothing changed.",
@@ -144,12 +133,12 @@ def key_routes(view: StateView) -> list[Any]:
         try:
             spec = KeySpec.model_validate(msgspec.json.decode(await request.body()))
         except msgspec.DecodeError:
-            return _error(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
+            return error_reply(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
         except ValidationError as exc:
-            return _error(_invalid(exc))
+            return error_reply(_invalid(exc))
         tiers = view.tenancy.tiers
         if spec.tier not in tiers:
-            return _error(
+            return error_reply(
                 GatewayError(
                     400,
                     f"tier: no tier {spec.tier!r} (tiers: {', '.join(sorted(tiers))}).",
@@ -160,7 +149,7 @@ def key_routes(view: StateView) -> list[Any]:
         names = {a for name, m in view.config.models.items() for a in (name, *m.aliases)}
         unknown = sorted(set(spec.models or ()) - names)
         if unknown:
-            return _error(
+            return error_reply(
                 GatewayError(
                     400,
                     f"models: no model named {', '.join(map(repr, unknown))}.",
@@ -170,7 +159,7 @@ def key_routes(view: StateView) -> list[Any]:
             )
         key_id = spec.id or f"key-{secrets.token_hex(4)}"
         if key_id in file_key_ids():
-            return _error(
+            return error_reply(
                 GatewayError(
                     409, f"id: {key_id!r} is a key of the deployment file.", param="id", code="conflict"
                 )
@@ -195,11 +184,13 @@ def key_routes(view: StateView) -> list[Any]:
         )
         try:
             if await keys.get(key_id) is not None:
-                return _error(GatewayError(409, f"id: a key {key_id!r} exists.", param="id", code="conflict"))
+                return error_reply(
+                    GatewayError(409, f"id: a key {key_id!r} exists.", param="id", code="conflict")
+                )
             secret, stored = await keys.create(row)
         except Exception as exc:
             return unavailable(exc)
-        return _response(201, {"key": secret, **_public(stored, now)})
+        return json_reply(201, {"key": secret, **_public(stored, now)}, _NO_STORE)
 
     @get("/admin/keys")
     async def listing(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -211,7 +202,7 @@ def key_routes(view: StateView) -> list[Any]:
         except Exception as exc:
             return unavailable(exc)
         now = time.time()
-        return _response(200, {"object": "list", "data": [_public(r, now) for r in rows]})
+        return json_reply(200, {"object": "list", "data": [_public(r, now) for r in rows]}, _NO_STORE)
 
     async def one_key(
         request: Request[Any, Any, Any], change: Callable[[KeyManager, str], Awaitable[KeyRow | None]]
@@ -225,8 +216,8 @@ def key_routes(view: StateView) -> list[Any]:
         except Exception as exc:
             return unavailable(exc)
         if row is None:
-            return _error(GatewayError(404, "No such managed key.", code="not_found"))
-        return _response(200, _public(row, time.time()))
+            return error_reply(GatewayError(404, "No such managed key.", code="not_found"))
+        return json_reply(200, _public(row, time.time()), _NO_STORE)
 
     @get("/admin/keys/{key_id:str}")
     async def one(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -245,16 +236,16 @@ def key_routes(view: StateView) -> list[Any]:
         try:
             spec = RotateSpec.model_validate(msgspec.json.decode(raw) if raw.strip() else {})
         except msgspec.DecodeError:
-            return _error(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
+            return error_reply(GatewayError(400, "The body must be a JSON object.", code="invalid_json"))
         except ValidationError as exc:
-            return _error(_invalid(exc))
+            return error_reply(_invalid(exc))
         try:
             rotated = await keys.rotate(request.path_params["key_id"], spec.grace_s)
         except Exception as exc:
             return unavailable(exc)
         if rotated is None:
-            return _error(GatewayError(404, "No such managed key (or it is revoked).", code="not_found"))
+            return error_reply(GatewayError(404, "No such managed key (or it is revoked).", code="not_found"))
         secret, row = rotated
-        return _response(200, {"key": secret, **_public(row, time.time())})
+        return json_reply(200, {"key": secret, **_public(row, time.time())}, _NO_STORE)
 
     return [create, listing, one, revoke, rotate]

@@ -27,10 +27,10 @@ from shuniu.core.errors import GatewayError
 from shuniu.core.governance import GROUPS, UsageQuery
 from shuniu.core.state import StateView
 from shuniu.core.views.access import is_admin
+from shuniu.core.views.replies import bad_value, error_reply, json_reply
 
 __all__ = ["UsageSummary", "parse_time", "usage_routes"]
 
-_encode = msgspec.json.Encoder().encode
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _MAX_ROWS = 10_000
@@ -92,20 +92,12 @@ class UsageSummary:
         return answer
 
 
-def _error(err: GatewayError) -> Response[bytes]:
-    return Response(err.body(), status_code=err.status, media_type="application/json", headers=err.headers)
-
-
-def _bad(param: str, message: str) -> Response[bytes]:
-    return _error(GatewayError(400, message, param=param, code="invalid_value"))
-
-
 def usage_routes(view: StateView) -> list[Any]:
     @get("/v1/usage")
     async def usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         governance = view.governance
         if governance is None or governance.ledger is None or governance.database is None:
-            return _error(
+            return error_reply(
                 GatewayError(
                     404,
                     "This gateway keeps no usage ledger (governance.ledger in the deployment).",
@@ -118,20 +110,24 @@ def usage_routes(view: StateView) -> list[Any]:
             try:
                 tenant = view.tenancy.auth.authenticate(headers).tenant
             except GatewayError as err:
-                return _error(err)
+                return error_reply(err)
         params = request.query_params
         now = time.time()
         try:
             since = parse_time(params.get("since", "1d"), now)
         except ValueError:
-            return _bad("since", "since: give 7d, 12h, 30m, a date (2026-12-01), an ISO time or seconds.")
+            return bad_value(
+                "since", "since: give 7d, 12h, 30m, a date (2026-12-01), an ISO time or seconds."
+            )
         try:
             until = parse_time(params["until"], now) if "until" in params else now + 1
         except ValueError:
-            return _bad("until", "until: give 7d, 12h, 30m, a date (2026-12-01), an ISO time or seconds.")
+            return bad_value(
+                "until", "until: give 7d, 12h, 30m, a date (2026-12-01), an ISO time or seconds."
+            )
         asked_tenant = params.get("tenant")
         if tenant is not None and asked_tenant is not None and asked_tenant != tenant:
-            return _error(
+            return error_reply(
                 GatewayError(
                     403,
                     "Your key sees its own tenant's usage only.",
@@ -142,18 +138,18 @@ def usage_routes(view: StateView) -> list[Any]:
         groups = tuple(g.strip() for g in params.get("group_by", "").split(",") if g.strip())
         unknown = [g for g in groups if g not in GROUPS and g not in ("day", "hour")]
         if unknown:
-            return _bad(
+            return bad_value(
                 "group_by",
                 f"group_by: unknown {', '.join(unknown)} (choose from {', '.join(_CHOICES)}).",
             )
         if "day" in groups and "hour" in groups:
-            return _bad("group_by", "group_by: day or hour, not both.")
+            return bad_value("group_by", "group_by: day or hour, not both.")
         try:
             limit = int(params.get("limit", "1000"))
             if not 1 <= limit <= _MAX_ROWS:
                 raise ValueError
         except ValueError:
-            return _bad("limit", f"limit: a whole number from 1 to {_MAX_ROWS}.")
+            return bad_value("limit", f"limit: a whole number from 1 to {_MAX_ROWS}.")
         query = UsageQuery(
             since=since,
             until=until,
@@ -168,7 +164,7 @@ def usage_routes(view: StateView) -> list[Any]:
         try:
             rows = await governance.database.usage(query)
         except Exception:
-            return _error(
+            return error_reply(
                 GatewayError(
                     503,
                     "The usage ledger cannot be read right now; try again shortly.",
@@ -187,11 +183,6 @@ def usage_routes(view: StateView) -> list[Any]:
         }
         if tenant is not None:
             body["tenant"] = tenant
-        return Response(
-            _encode(body),
-            status_code=200,
-            media_type="application/json",
-            headers={"cache-control": "no-store"},
-        )
+        return json_reply(200, body, {"cache-control": "no-store"})
 
     return [usage]
