@@ -172,8 +172,12 @@ class Ledger:
     async def _run(self) -> None:
         cfg = self.cfg
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel
+            # that lands as the wait ends (the wake set at that moment), and stop() would
+            # then wait for this task for ever.
             try:
-                await asyncio.wait_for(self._wake.wait(), cfg.flush_interval_s)
+                async with asyncio.timeout(cfg.flush_interval_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -35,7 +35,8 @@ class SqliteDatabase(Database):
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self._thread, fn), self._timeout_s)
+        async with asyncio.timeout(self._timeout_s):  # not wait_for: it can swallow a cancel (3.11)
+            return await loop.run_in_executor(self._thread, fn)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
