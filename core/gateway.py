@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shuniu.core.batch import BatchRunner, BatchStore
+from shuniu.core.batch import BatchQueue, BatchRunner, RedisBatchQueue, SqlBatchQueue
 from shuniu.core.config import Deployment, FleetConfig, RateLimitsConfig
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.fleet import FleetSync, FleetTransport
@@ -321,12 +321,14 @@ def _base(resolved: ResolvedDeployment) -> Path:
     return source.parent if source.is_file() else Path.cwd()
 
 
-def _batch_store(resolved: ResolvedDeployment, state: GatewayState) -> BatchStore | None:
+def _batch_store(resolved: ResolvedDeployment, state: GatewayState) -> BatchQueue | None:
     """The Batch API's queue (``batches:``), or ``None`` when the API is off."""
     cfg = resolved.deployment.batches
     if not cfg.enabled or state.files is None:
         return None
-    return BatchStore(open_database(cfg.database, base=_base(resolved), timeout_s=10.0))
+    if cfg.database.startswith(("redis", "rediss", "unix")):
+        return RedisBatchQueue(cfg.database, lease_s=cfg.lease_s)
+    return SqlBatchQueue(open_database(cfg.database, base=_base(resolved), timeout_s=10.0))
 
 
 def _governance(resolved: ResolvedDeployment) -> Governance | None:

@@ -226,7 +226,8 @@ def reload_problems(old: Deployment, new: Deployment) -> list[Problem]:
         if getattr(old.gateway, field) != getattr(new.gateway, field):
             problems.append(Problem(f"gateway.{field}", "changes only with a restart"))
 
-    for section in ("governance", "files"):
+    # The ledger, the file store, and the batch queue and its runner are built once, at start.
+    for section in ("governance", "files", "batches"):
         if getattr(old, section) != getattr(new, section):
             problems.append(Problem(section, "changes only with a restart"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import signal
+import socket
 
 import httpx
 import openai
@@ -63,6 +64,13 @@ def _file(lines: list[dict]) -> io.BytesIO:  # type: ignore[type-arg]
 
 def _jsonl(data: bytes) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def _ran_here(gw) -> float:  # type: ignore[no-untyped-def]
+    """Batch requests this gateway ran to an answer (its own metric)."""
+    prefix = 'shuniu_batch_requests_finished_total{outcome="done"}'
+    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics if line.startswith(prefix))
 
 
 def _done(client: openai.OpenAI, batch_id: str, timeout: float = 30):  # type: ignore[no-untyped-def]
@@ -184,8 +192,19 @@ def test_cancelling_a_batch_keeps_what_ran(gateway_factory) -> None:  # type: ig
         a.batches.cancel(batch.id)
 
 
-def test_a_gateway_killed_mid_batch_finishes_it_after_a_restart(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+def _on_redis(config: str, redis_url: str) -> str:
+    """``config`` with its queue in Redis Streams and its files in Redis (a fleet's setup)."""
+    return config.replace(
+        "batches: {",
+        f'files: {{store: redis, options: {{url: "{redis_url}"}}}}\nbatches: {{database: "{redis_url}", ',
+    )
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_gateway_killed_mid_batch_finishes_it_after_a_restart(gateway_factory, queue: str, request) -> None:  # type: ignore[no-untyped-def]
     config = _deployment(tokens_per_s=100, batches="{poll_interval_s: 0.05, concurrency: 2, lease_s: 1}")
+    if queue == "redis":
+        config = _on_redis(config, request.getfixturevalue("redis_url"))
     gw = gateway_factory(config)
     a = openai.OpenAI(base_url=gw.base_url, api_key=KEY_A, max_retries=0)
     upload = a.files.create(
@@ -226,15 +245,57 @@ def test_two_gateways_share_one_queue_in_postgres(gateway_factory, postgres_url:
     assert (
         done.status == "completed" and done.request_counts is not None and done.request_counts.completed == 16
     )
-    ran = [
-        float(line.rsplit(" ", 1)[1])
-        for gw in (one, two)
-        for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines()
-        if line.startswith('shuniu_batch_requests_finished_total{outcome="done"}')
-    ]
+    ran = [_ran_here(gw) for gw in (one, two)]
     assert sum(ran) == 16 and all(n > 0 for n in ran)  # both gateways worked on it, none twice
     output = _jsonl(seen_on_two.files.content(done.output_file_id).read())
     assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(16))
+
+
+def test_two_gateways_share_one_queue_and_the_files_in_redis(gateway_factory, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    config = _on_redis(
+        _deployment(tokens_per_s=200, batches="{poll_interval_s: 0.05, concurrency: 2}"), redis_url
+    )
+    one, two = gateway_factory(config), gateway_factory(config)
+    a_one = openai.OpenAI(base_url=one.base_url, api_key=KEY_A, max_retries=0)
+    a_two = openai.OpenAI(base_url=two.base_url, api_key=KEY_A, max_retries=0)
+    b_two = openai.OpenAI(base_url=two.base_url, api_key=KEY_B, max_retries=0)
+    upload = a_one.files.create(
+        file=("in.jsonl", _file([_line(i, max_tokens=8) for i in range(20)])), purpose="batch"
+    )
+    assert a_two.files.retrieve(upload.id).bytes == upload.bytes  # uploaded to one, seen on two
+    with pytest.raises(openai.NotFoundError):
+        b_two.files.retrieve(upload.id)
+    batch = a_two.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert [b.id for b in a_one.batches.list()] == [batch.id] and list(b_two.batches.list()) == []
+    done = _done(a_one, batch.id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (20, 20)
+    ran = [_ran_here(gw) for gw in (one, two)]
+    assert sum(ran) == 20 and all(n > 0 for n in ran)  # both gateways worked on it, none twice
+    output = _jsonl(a_two.files.content(done.output_file_id).read())
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
+    assert {o["response"]["status_code"] for o in output} == {200}
+    # A second batch, cancelled on the other gateway.
+    slow = a_one.files.create(
+        file=("slow.jsonl", _file([_line(i, max_tokens=60) for i in range(40)])), purpose="batch"
+    )
+    second = a_one.batches.create(
+        input_file_id=slow.id, endpoint="/v1/chat/completions", completion_window="1h"
+    )
+    wait_until(lambda: a_two.batches.retrieve(second.id).status == "in_progress", timeout=30)
+    a_two.batches.cancel(second.id)
+    cancelled = _done(a_one, second.id)
+    assert cancelled.status == "cancelled" and cancelled.request_counts is not None
+    assert cancelled.request_counts.total == 40
+    lines = _jsonl(a_one.files.content(cancelled.error_file_id).read())
+    if cancelled.output_file_id:
+        lines += _jsonl(a_one.files.content(cancelled.output_file_id).read())
+    assert sorted(x["custom_id"] for x in lines) == sorted(f"req-{i}" for i in range(40))
+    a_two.files.delete(upload.id)
+    with pytest.raises(openai.NotFoundError):
+        a_one.files.content(upload.id)
 
 
 def test_a_batch_reaches_only_the_models_its_callers_tier_allows(gateway_factory) -> None:  # type: ignore[no-untyped-def]
@@ -261,3 +322,19 @@ def test_a_batch_reaches_only_the_models_its_callers_tier_allows(gateway_factory
     assert refused.request_counts is not None and refused.request_counts.failed == 1
     errors = _jsonl(b.files.content(refused.error_file_id).read())
     assert errors[0]["response"]["status_code"] == 404
+
+
+def test_an_unreachable_queue_or_file_store_answers_503_not_500(gateway_factory) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    gw = gateway_factory(_on_redis(_deployment(), dead))
+    a = openai.OpenAI(base_url=gw.base_url, api_key=KEY_A, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as upload:
+        a.files.create(file=("in.jsonl", _file([_line(0)])), purpose="batch")
+    with pytest.raises(openai.APIStatusError) as listing:
+        a.batches.list()
+    for err, code in ((upload, "file_store_unavailable"), (listing, "batch_queue_unavailable")):
+        assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "5"
+        assert err.value.response.json()["error"]["code"] == code
+    assert a.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}]).choices

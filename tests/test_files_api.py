@@ -133,3 +133,29 @@ def test_bad_uploads_are_refused_with_the_reason(gateway_factory) -> None:  # ty
     )
     assert plain.status_code == 400 and plain.json()["error"]["code"] == "invalid_request"
     assert list(a.files.list()) == []  # nothing was stored
+
+
+async def test_the_redis_file_store_keeps_large_files_whole_and_per_id(redis_url: str) -> None:
+    from shuniu.core.contracts import StoredFile
+    from shuniu.plugins.files.redis_store import RedisFileStore, RedisFileStoreOptions
+
+    store = RedisFileStore(RedisFileStoreOptions(url=redis_url, chunk_bytes=64 * 1024))
+    other = RedisFileStore(RedisFileStoreOptions(url=redis_url, chunk_bytes=64 * 1024))
+    try:
+        big = bytes(range(256)) * 1000 + b"tail"  # four chunks and a bit
+        record = StoredFile(
+            id="file-big", tenant="t", filename="b", purpose="batch", bytes=len(big), created_at=1
+        )
+        await store.put(record, big)
+        await store.put(
+            StoredFile(id="file-empty", tenant="t", filename="e", purpose="batch", bytes=0, created_at=2), b""
+        )
+        assert await other.content("file-big") == big and await other.content("file-empty") == b""
+        assert await other.get("file-big") == record
+        assert sorted(f.id for f in await other.list()) == ["file-big", "file-empty"]
+        assert await other.delete("file-big") and not await other.delete("file-big")
+        assert await store.content("file-big") is None and await store.get("file-big") is None
+        assert await store.content("file-nope") is None
+    finally:
+        await store.close()
+        await other.close()

@@ -51,6 +51,7 @@ TENANCY = {
     "cache_memory",
     "cache_redis",
     "files_local",
+    "files_redis",
 }
 HARDWARE = {"hw_nvidia", "hw_ascend", "hw_cpu", "hw_commands"}
 TOOLS = {"simulate", "plan", "sim_serve", "usage"}

@@ -111,6 +111,9 @@ def test_a_bad_file_changes_nothing_and_says_why(gateway_factory, tmp_path: Path
     path.write_text(_config(A).replace("gateway:\n", "gateway:\n  port: 9\n"))
     r = _reload(gw)
     assert r.status_code == 400 and any("gateway.port" in p for p in r.json()["error"]["problems"])
+    path.write_text(_config(A) + "batches: {concurrency: 3}\n")
+    r = _reload(gw)
+    assert r.status_code == 400 and any(p.startswith("batches") for p in r.json()["error"]["problems"])
     # A good file again: applied, and the answer lists the changes.
     path.write_text(_config(A0_AND_B))
     r = _reload(gw)

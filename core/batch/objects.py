@@ -6,7 +6,7 @@ import json
 import secrets
 from typing import Any
 
-from shuniu.core.batch.store import BatchRecord
+from shuniu.core.batch.queue import BatchRecord
 
 __all__ = ["batch_object", "output_line", "parse_window"]
 

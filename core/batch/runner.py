@@ -37,7 +37,7 @@ import msgspec
 
 from shuniu.core.api.batch_input import check_batch_input
 from shuniu.core.batch.objects import output_line
-from shuniu.core.batch.store import BatchRecord, BatchStore, Item
+from shuniu.core.batch.queue import BatchQueue, BatchRecord, Item
 from shuniu.core.config import BatchesConfig
 from shuniu.core.contracts import FileStore, StoredFile
 from shuniu.core.errors import GatewayError
@@ -68,7 +68,7 @@ class BatchRunner:
     def __init__(
         self,
         cfg: BatchesConfig,
-        store: BatchStore,
+        store: BatchQueue,
         files: FileStore,
         app: App,
         pools: Callable[[], dict[str, Pool]],
@@ -181,6 +181,10 @@ class BatchRunner:
         n = min(room, spare)
         if active and n > 0:
             for item in await store.claim([b.id for b in active], n, self.cfg.lease_s):
+                mine = self.running.get((item.batch_id, item.idx))
+                if mine is not None:  # ours, still running, its lease lapsed: hold on to it
+                    mine.claim = item.claim
+                    continue
                 owner = next(b for b in active if b.id == item.batch_id)
                 self._spawn(owner, item)
 

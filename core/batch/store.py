@@ -1,5 +1,5 @@
-"""The batch queue: batches and their requests in a database (SQLite by default, or
-PostgreSQL shared by a fleet), so a batch survives restarts and any gateway can work on it.
+"""The batch queue in a database (SQLite by default, or PostgreSQL shared by a fleet), so
+a batch survives restarts and any gateway can work on it.
 
 Each request of a batch is one row, keyed by (batch, line). A gateway **claims** rows
 (``pending`` ones, and ``running`` ones whose lease ran out: their gateway died) with one
@@ -19,10 +19,11 @@ from typing import Any
 
 import msgspec
 
+from shuniu.core.batch.queue import BatchQueue, BatchRecord, Item, Result
 from shuniu.core.governance import Database
 from shuniu.core.types import Principal
 
-__all__ = ["BATCH_MIGRATIONS", "TERMINAL", "BatchRecord", "BatchStore", "Item"]
+__all__ = ["BATCH_MIGRATIONS", "SqlBatchQueue"]
 
 BATCH_MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (
@@ -67,66 +68,13 @@ BATCH_MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
 )
 """(version, what it adds, statements), oldest first; append only."""
 
-TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-"""Batch statuses that never change again."""
-
 _BATCH_COLUMNS = (
     "id, tenant, principal, endpoint, input_file_id, completion_window, status, created_at, "
     "expires_at, times, output_file_id, error_file_id, metadata, errors"
 )
 
 
-class BatchRecord(msgspec.Struct, kw_only=True):
-    """A batch as stored."""
-
-    id: str
-    tenant: str
-    principal: Principal
-    endpoint: str
-    input_file_id: str
-    completion_window: str
-    status: str
-    created_at: int
-    expires_at: int
-    times: dict[str, int]
-    """Status → when the batch entered it (``in_progress_at``, ...)."""
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    metadata: dict[str, str] | None = None
-    errors: list[dict[str, Any]] | None = None
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> BatchRecord:
-        return cls(
-            id=row[0],
-            tenant=row[1],
-            principal=msgspec.json.decode(row[2], type=Principal),
-            endpoint=row[3],
-            input_file_id=row[4],
-            completion_window=row[5],
-            status=row[6],
-            created_at=int(row[7]),
-            expires_at=int(row[8]),
-            times=json.loads(row[9]),
-            output_file_id=row[10],
-            error_file_id=row[11],
-            metadata=json.loads(row[12]) if row[12] else None,
-            errors=json.loads(row[13]) if row[13] else None,
-        )
-
-
-class Item(msgspec.Struct):
-    """One claimed request of a batch."""
-
-    batch_id: str
-    idx: int
-    custom_id: str
-    body: bytes
-    attempts: int
-    claim: str
-
-
-class BatchStore:
+class SqlBatchQueue(BatchQueue):
     """Batches and their requests in one database."""
 
     def __init__(self, database: Database) -> None:
@@ -189,7 +137,7 @@ class BatchStore:
         rows = await self.database.fetch(
             f"SELECT {_BATCH_COLUMNS} FROM shuniu_batches WHERE id = ?", [batch_id]
         )
-        return BatchRecord.from_row(rows[0]) if rows else None
+        return _record(rows[0]) if rows else None
 
     async def list(self, tenant: str | None) -> list[BatchRecord]:
         if not self.exists():
@@ -201,14 +149,14 @@ class BatchStore:
             rows = await self.database.fetch(
                 f"SELECT {_BATCH_COLUMNS} FROM shuniu_batches WHERE tenant = ?", [tenant]
             )
-        return [BatchRecord.from_row(r) for r in rows]
+        return [_record(r) for r in rows]
 
     async def with_status(self, *statuses: str) -> list[BatchRecord]:
         marks = ", ".join("?" * len(statuses))
         rows = await self.database.fetch(
             f"SELECT {_BATCH_COLUMNS} FROM shuniu_batches WHERE status IN ({marks})", list(statuses)
         )
-        return [BatchRecord.from_row(r) for r in rows]
+        return [_record(r) for r in rows]
 
     async def move(self, batch: BatchRecord, frm: Sequence[str], to: str, **fields: Any) -> bool:
         """Set the batch's status ``to`` if it is one of ``frm`` (and ``fields``: output and
@@ -327,13 +275,19 @@ class BatchStore:
     async def end_open(self, batch_id: str, state: str, *, running_too: bool) -> None:
         """Every pending request (and running one, with ``running_too``) of the batch →
         ``state`` (``cancelled``, ``expired``)."""
-        states = "('pending', 'running')" if running_too else "('pending')"
+        # Without running_too, a running request whose lease ran out ends too: its gateway
+        # died, and a cancelled batch, whose requests nobody claims, would wait for it for ever.
+        which = (
+            "state IN ('pending', 'running')"
+            if running_too
+            else "(state = 'pending' OR (state = 'running' AND lease_until < ?))"
+        )
         await self.database.execute(
-            f"UPDATE shuniu_batch_items SET state = ?, claim = NULL WHERE batch_id = ? AND state IN {states}",
-            [state, batch_id],
+            f"UPDATE shuniu_batch_items SET state = ?, claim = NULL WHERE batch_id = ? AND {which}",
+            [state, batch_id] if running_too else [state, batch_id, time.time()],
         )
 
-    async def results(self, batch_id: str) -> list[tuple[int, str, str, int | None, str | None, str | None]]:
+    async def results(self, batch_id: str) -> list[Result]:
         """(line, custom_id, state, status code, response, request id) of every request, in
         file order."""
         rows = await self.database.fetch(
@@ -342,3 +296,22 @@ class BatchStore:
             [batch_id],
         )
         return [(int(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+
+def _record(row: Sequence[Any]) -> BatchRecord:
+    return BatchRecord(
+        id=row[0],
+        tenant=row[1],
+        principal=msgspec.json.decode(row[2], type=Principal),
+        endpoint=row[3],
+        input_file_id=row[4],
+        completion_window=row[5],
+        status=row[6],
+        created_at=int(row[7]),
+        expires_at=int(row[8]),
+        times=json.loads(row[9]),
+        output_file_id=row[10],
+        error_file_id=row[11],
+        metadata=json.loads(row[12]) if row[12] else None,
+        errors=json.loads(row[13]) if row[13] else None,
+    )

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from shuniu.core.config.base import Strict as _Strict
 from shuniu.core.config.governance import check_database_url
+from shuniu.core.redis_client import check_redis_url
 
 __all__ = ["BatchesConfig", "FilesConfig"]
 
@@ -36,8 +37,10 @@ class BatchesConfig(_Strict):
     """Serve the Batch API (needs ``files.enabled``)."""
     database: str = "sqlite:///shuniu-batches.db"
     """Where batches and their requests are kept: ``sqlite:///PATH`` (relative to the
-    deployment file's folder; the embedded default) or ``postgresql://...`` (one queue for
-    the gateways of a fleet: any gateway works on any batch)."""
+    deployment file's folder; the embedded default), or one queue for the gateways of a
+    fleet (any gateway works on any batch): ``postgresql://...``, or a Redis URL
+    (``redis://``, ``redis+sentinel://``, ``redis+cluster://``: Redis Streams with a
+    consumer group)."""
     tier: str = "batch"
     """The tier batch requests run in: its priority and limits apply to them (the key's
     own limits and budgets too). Without a tier of that name in ``tiers:``, one with the
@@ -67,4 +70,9 @@ class BatchesConfig(_Strict):
     @field_validator("database")
     @classmethod
     def _url(cls, url: str) -> str:
-        return check_database_url(url)
+        if url.startswith(("redis", "rediss", "unix")):
+            return check_redis_url(url)
+        try:
+            return check_database_url(url)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or a Redis URL (redis://HOST:PORT/DB)") from None

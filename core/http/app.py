@@ -30,7 +30,7 @@ from shuniu.core.api.wire import (
     SCORE,
     Wire,
 )
-from shuniu.core.batch import BatchStore
+from shuniu.core.batch import BatchQueue
 from shuniu.core.errors import GatewayError, method_not_allowed, not_found
 from shuniu.core.fleet import FleetSync
 from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_error
@@ -159,7 +159,7 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]],
     peers: Peers | None = None,
     fleet: FleetSync | None = None,
-    batch_store: BatchStore | None = None,
+    batch_store: BatchQueue | None = None,
 ) -> Litestar:
     """The Litestar app of one gateway. ``extra_routes`` are more route handlers to serve
     (the simulator server's ``/metrics``, which then replaces the gateway's own)."""

@@ -16,14 +16,14 @@ import msgspec
 from litestar import Request, Response, get, post
 
 from shuniu.core.api.batch_input import BATCH_URLS
-from shuniu.core.batch import TERMINAL, BatchRecord, BatchStore, batch_object, parse_window
+from shuniu.core.batch import TERMINAL, BatchQueue, BatchRecord, batch_object, parse_window
 from shuniu.core.errors import GatewayError
 from shuniu.core.ids import new_id
 from shuniu.core.state import StateView
 from shuniu.core.types import ANONYMOUS, Principal
 from shuniu.core.views.access import is_admin
 from shuniu.core.views.pages import list_page, page_limit
-from shuniu.core.views.replies import bad_value, error_reply, json_reply
+from shuniu.core.views.replies import bad_value, error_reply, json_reply, unavailable_on_error
 
 __all__ = ["batches_routes"]
 
@@ -35,7 +35,7 @@ class _Create(msgspec.Struct):
     metadata: Any = None
 
 
-def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
+def batches_routes(view: StateView, store: BatchQueue | None) -> list[Any]:
     """The ``/v1/batches`` handlers (none without a batch queue)."""
     if store is None:
         return []
@@ -69,7 +69,9 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         counts = (await store.counts([batch.id])).get(batch.id, {})
         return json_reply(200, batch_object(batch, counts))
 
-    @post("/v1/batches", status_code=200)
+    down = unavailable_on_error("the batch queue", "batch_queue_unavailable")
+
+    @post("/v1/batches", status_code=200, exception_handlers=down)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = caller(request)
         if isinstance(who, Response):
@@ -134,21 +136,10 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
             times={},
             metadata=metadata,
         )
-        try:
-            await store.create(batch)
-        except Exception:
-            return error_reply(
-                GatewayError(
-                    503,
-                    "The batch queue cannot be reached right now; try again shortly.",
-                    type="server_error",
-                    code="batch_queue_unavailable",
-                    headers={"retry-after": "5"},
-                )
-            )
+        await store.create(batch)
         return await answer(batch)
 
-    @get("/v1/batches")
+    @get("/v1/batches", exception_handlers=down)
     async def listing(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = caller(request)
         if isinstance(who, Response):
@@ -166,7 +157,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         page["data"] = [batch_object(b, counts.get(b.id, {})) for b in page["data"]]
         return json_reply(200, page)
 
-    @get("/v1/batches/{batch_id:str}")
+    @get("/v1/batches/{batch_id:str}", exception_handlers=down)
     async def retrieve(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = caller(request)
         if isinstance(who, Response):
@@ -175,7 +166,7 @@ def batches_routes(view: StateView, store: BatchStore | None) -> list[Any]:
         batch = await visible(*who, batch_id)
         return not_found(batch_id) if batch is None else await answer(batch)
 
-    @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
+    @post("/v1/batches/{batch_id:str}/cancel", status_code=200, exception_handlers=down)
     async def cancel(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = caller(request)
         if isinstance(who, Response):

@@ -23,7 +23,7 @@ from shuniu.core.ids import new_id
 from shuniu.core.state import StateView
 from shuniu.core.views.access import is_admin
 from shuniu.core.views.pages import list_page, page_limit
-from shuniu.core.views.replies import error_reply, json_reply
+from shuniu.core.views.replies import error_reply, json_reply, unavailable_on_error
 
 __all__ = ["PURPOSES", "file_object", "files_routes"]
 
@@ -82,7 +82,14 @@ def files_routes(view: StateView) -> list[Any]:
             return None
         return record
 
-    @post("/v1/files", status_code=200, request_max_body_size=limit_bytes + _MULTIPART_SLACK)
+    down = unavailable_on_error("the file store", "file_store_unavailable")
+
+    @post(
+        "/v1/files",
+        status_code=200,
+        request_max_body_size=limit_bytes + _MULTIPART_SLACK,
+        exception_handlers=down,
+    )
     async def upload(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = owner(request)
         if isinstance(who, Response):
@@ -143,7 +150,7 @@ def files_routes(view: StateView) -> list[Any]:
         await store.put(record, content)
         return json_reply(200, file_object(record))
 
-    @get("/v1/files")
+    @get("/v1/files", exception_handlers=down)
     async def listing(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = owner(request)
         if isinstance(who, Response):
@@ -166,7 +173,7 @@ def files_routes(view: StateView) -> list[Any]:
         records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
         return json_reply(200, list_page(records, params.get("after"), limit, lambda r: r.id, file_object))
 
-    @get("/v1/files/{file_id:str}")
+    @get("/v1/files/{file_id:str}", exception_handlers=down)
     async def retrieve(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = owner(request)
         if isinstance(who, Response):
@@ -175,7 +182,7 @@ def files_routes(view: StateView) -> list[Any]:
         record = await visible(*who, file_id)
         return _not_found(file_id) if record is None else json_reply(200, file_object(record))
 
-    @get("/v1/files/{file_id:str}/content")
+    @get("/v1/files/{file_id:str}/content", exception_handlers=down)
     async def content(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = owner(request)
         if isinstance(who, Response):
@@ -192,7 +199,7 @@ def files_routes(view: StateView) -> list[Any]:
             headers={"content-disposition": f'attachment; filename="{record.filename}"'},
         )
 
-    @delete("/v1/files/{file_id:str}", status_code=200)
+    @delete("/v1/files/{file_id:str}", status_code=200, exception_handlers=down)
     async def remove(request: Request[Any, Any, Any]) -> Response[bytes]:
         who = owner(request)
         if isinstance(who, Response):
