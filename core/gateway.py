@@ -248,6 +248,7 @@ class Gateway:
             pool.learn_max_model_len()
             for endpoint in pool.endpoints:
                 self.watchers.watch(pool, endpoint)
+        await state.kv_events.start(state.pools)
         if self.fleet is not None:
             await self.fleet.start()
         if self.governance is not None:
@@ -281,6 +282,7 @@ class Gateway:
         await self.autoscalers.stop()
         await self.discoveries.stop()
         await self.watchers.stop()
+        await state.kv_events.stop()
         if self.fleet is not None:
             await self.fleet.stop()
         results = await asyncio.gather(

@@ -159,6 +159,9 @@ class Operations:
                 await old_cache.store.close()
         if not same_limits and old_store is not None:
             await old_store.close()
+        # New balancers: their KV-event indexes get the endpoints' streams.
+        await state.kv_events.stop()
+        await state.kv_events.start(new.pools)
         # Health and load loops follow each endpoint into its new pool.
         for pool in new.pools.values():
             pool.learn_max_model_len()

@@ -16,6 +16,7 @@ from shuniu.core.batch import BatchRunner
 from shuniu.core.config import Deployment, ModelConfig
 from shuniu.core.contracts import FileStore
 from shuniu.core.governance import Governance
+from shuniu.core.kv_events.wiring import KvEventWiring
 from shuniu.core.pipeline.degradation import OverloadMonitor
 from shuniu.core.pipeline.response_cache import ResponseCache
 from shuniu.core.pipeline.router import Router
@@ -72,6 +73,9 @@ class StateView(Protocol):
     def batches(self) -> BatchRunner | None: ...
 
     @property
+    def kv_events(self) -> KvEventWiring: ...
+
+    @property
     def started(self) -> bool: ...
 
     @property
@@ -97,6 +101,7 @@ class GatewayState:
         "engines",
         "files",
         "governance",
+        "kv_events",
         "overload",
         "pools",
         "resilience",
@@ -140,6 +145,9 @@ class GatewayState:
         """The Files API's store (``files:``), kept across reloads."""
         self.governance: Governance | None = None
         """The ledger, budgets and managed keys (``governance:``), kept across reloads."""
+        self.kv_events = KvEventWiring()
+        """The engines' KV-event streams into the balancers that route by them (rewired
+        by a reload)."""
         self.started = False
         self.draining = False
 

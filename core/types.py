@@ -206,10 +206,17 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     ``labels``; ``None`` without one."""
     token_ids: list[int] | None = None
     """The prompt's token ids when known exactly (the simulator; a completion sent as ids)."""
+    prompt_ids: list[int] | None = None
+    """The token ids the engine will compute for the prompt, when the model's ``tokenizer:``
+    produced them for exact prefix routing (``precise_prefix``); the request is still sent
+    as text."""
     prefix_hashes: list[int] | None = None
     """Hash chain of the prompt's blocks, filled lazily by the first policy that needs it
     (:func:`shuniu.core.pools.prefix.prefix_hashes`), for blocks of ``prefix_block`` units."""
     prefix_block: int = 0
+    expected_cached: int = 0
+    """Prompt tokens the balancer expects the chosen engine to have cached (its prefix
+    match), so the endpoint's ``prefill_tokens`` counts only what it must compute."""
     tried: frozenset[str] | None = None
     """Endpoints this request already failed on (a retry avoids them)."""
     wire: str = "openai"

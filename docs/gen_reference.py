@@ -43,6 +43,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models.<name>.endpoints[].launch", config.LaunchConfig),
     ("models.<name>.endpoints[].launch.restart", config.RestartConfig),
     ("models.<name>.endpoints[].discovery", config.DiscoveryConfig),
+    ("models.<name>.endpoints[].kv_events", config.KvEventsConfig),
     ("models.<name>.balancer", config.BalancerConfig),
     ("models.<name>.balancer.filters[]", config.FilterConfig),
     ("models.<name>.balancer.scorers[]", config.ScorerConfig),

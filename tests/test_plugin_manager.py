@@ -41,6 +41,7 @@ BALANCERS = {
     "session_affinity",
     "least_load",
     "prefix_affinity",
+    "precise_prefix",
 }
 TENANCY = {
     "bench",

@@ -259,6 +259,27 @@ def test_a_reload_keeps_the_loaded_tokenizer(plugins: PluginManager, model_dir: 
     builder.close()
 
 
+async def test_a_precise_prefix_pool_keeps_the_prompts_token_ids(
+    plugins: PluginManager, model_dir: Path, reference: Any
+) -> None:
+    text = f"""
+    models:
+      m:
+        tokenizer: {model_dir}
+        balancer: {{policy: precise_prefix}}
+        endpoints: [{{kind: sim}}]
+    """
+    builder = PoolBuilder(plugins)
+    pool = builder.build(load_deployment("d.yaml", plugins, text=textwrap.dedent(text), env={})).pools["m"]
+    req = _chat([{"role": "user", "content": "say hello world " * 20}])
+    assert pool.counter is not None
+    await recount(req, pool.counter)
+    rendered = "<|im_start|>user\n" + "say hello world " * 20 + "<|im_end|>\n<|im_start|>assistant\n"
+    assert req.prompt_ids == reference.encode(rendered, add_special_tokens=False).ids
+    assert req.prompt_tokens == len(req.prompt_ids)
+    builder.close()
+
+
 # --------------------------------------------------------------------------- through the gateway
 
 

@@ -20,6 +20,7 @@ from shuniu.backends.sim.pooling import embed_text, relevance, truncate
 from shuniu.backends.sim.text import VOCABULARY, rng_for
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import bad_request, upstream_error
+from shuniu.core.kv_events.local import LocalKvEvents
 from shuniu.core.tokens import split_tokens
 from shuniu.core.types import Chunk, Embeddings, EndpointLoad, Health, InferenceRequest, Scores, Usage
 
@@ -70,6 +71,15 @@ class SimBackend(BackendBase):
         self.faults = (
             FaultState(self.options.faults, spec.name, self.engine.abort_all) if self.options.faults else None
         )
+        self._kv_events: LocalKvEvents | None = None
+
+    def kv_event_source(self) -> LocalKvEvents:
+        """The engine's KV-cache events, in process and encoded as vLLM publishes them (the
+        engine starts collecting them at the first call: nothing is spent before)."""
+        if self._kv_events is None:
+            self._kv_events = LocalKvEvents()
+            self.engine.publish_kv_events(self._kv_events.publish)
+        return self._kv_events
 
     async def start(self) -> None:
         if self.faults is not None:

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
+from shuniu.core.kv_events.wire import BlockRemoved, BlockStored, EventBatch, KvEvent
 from shuniu.core.tasks import cancel_and_wait
 from shuniu.core.traffic import synthetic_ids
 from shuniu.core.types import EndpointLoad
@@ -97,6 +98,7 @@ class Seq:
         "max_output",
         "num_computed",
         "num_hashed",
+        "on_first",
         "output_count",
         "output_ids",
         "output_seed",
@@ -119,6 +121,8 @@ class Seq:
         arrival: float = 0.0,
     ) -> None:
         self.id = id
+        self.on_first: Callable[[], None] | None = None
+        """Called once, at the first output token (``shuniu simulate`` gives the slot's prefill back)."""
         self.prompt = prompt
         self.prompt_len = len(prompt)
         self.max_output = max_output
@@ -187,6 +191,8 @@ class EngineCore:
         self.ttft = LogHistogram()
         self.itl = LogHistogram()
         self.e2e = LogHistogram()
+        self.kv_events: list[KvEvent] | None = None
+        """KV events since the engine last published them (:meth:`publish_kv_events`)."""
 
     # -- admission -------------------------------------------------------------------
 
@@ -416,6 +422,10 @@ class EngineCore:
         bs = self.config.block_size
         caching = self.config.prefix_caching
         pool = self.pool
+        events = self.kv_events
+        if events is not None and pool.removed:
+            events.append(BlockRemoved(pool.removed, "GPU"))  # evicted by this step's allocations
+            pool.removed = []
         # Sequences that decoded in the same earlier iteration share one inter-token gap:
         # count them per distinct gap instead of one histogram update per token.
         gaps: dict[float, int] = {}
@@ -430,8 +440,11 @@ class EngineCore:
                 full = nc // bs
                 self._extend_hashes(seq, full * bs)
                 hashes, blocks = seq.hashes, seq.blocks
-                for b in range(seq.num_hashed, full):
-                    pool.register(blocks[b], hashes[b])
+                if events is None:
+                    for b in range(seq.num_hashed, full):
+                        pool.register(blocks[b], hashes[b])
+                else:
+                    self._register_publishing(seq, full)
                 seq.num_hashed = full
             oc = seq.output_count
             if nc < seq.prompt_len + oc:
@@ -443,6 +456,8 @@ class EngineCore:
                 seq.first_token_at = now
                 self.prompt_tokens += seq.prompt_len
                 self.ttft.add(now - seq.arrival)
+                if seq.on_first is not None:
+                    seq.on_first()
             else:
                 last = seq.last_token_at
                 gaps[last] = gaps.get(last, 0) + 1
@@ -454,6 +469,37 @@ class EngineCore:
         self.generated_tokens += generated
         for last, count in gaps.items():
             self.itl.add(now - last, count)
+
+    def publish_kv_events(self) -> None:
+        """Start collecting KV events (:attr:`kv_events`): the blocks each step makes
+        findable and those it evicts, as vLLM publishes them."""
+        if self.kv_events is None:
+            self.kv_events = []
+            self.pool.removed = []
+
+    def _register_publishing(self, seq: Seq, full: int) -> None:
+        """Register ``seq``'s blocks up to ``full`` and record a ``BlockStored`` per run of
+        blocks that became findable (a block whose content another already holds is not
+        new to the cache)."""
+        pool, bs = self.pool, self.config.block_size
+        hashes, blocks = seq.hashes, seq.blocks
+        assert self.kv_events is not None
+        run = -1
+        for b in range(seq.num_hashed, full + 1):
+            new = b < full and pool.register(blocks[b], hashes[b])
+            if new and run < 0:
+                run = b
+            elif not new and run >= 0:
+                self.kv_events.append(
+                    BlockStored(
+                        hashes[run:b],
+                        hashes[run - 1] if run else None,
+                        self._all_tokens(seq, run * bs, b * bs),
+                        bs,
+                        medium="GPU",
+                    )
+                )
+                run = -1
 
     def _finish(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
@@ -493,6 +539,13 @@ class SimEngine:
         self._idle: asyncio.Future[None] | None = None
         self._delayed: set[Seq] = set()
         self.busy_time = 0.0
+        self.kv_publisher: Callable[[EventBatch], None] | None = None
+        """Where each step's KV events go (:meth:`publish_kv_events`)."""
+
+    def publish_kv_events(self, publish: Callable[[EventBatch], None]) -> None:
+        """Hand each step's KV events (blocks cached, blocks evicted) to ``publish``."""
+        self.core.publish_kv_events()
+        self.kv_publisher = publish
 
     def submit(self, seq: Seq) -> None:
         """Hand a sequence to the engine (its ``arrival`` should be the loop time now)."""
@@ -564,6 +617,9 @@ class SimEngine:
             self.busy_time += dt
             await asyncio.sleep(dt)
             core.apply(batch, loop.time())
+            if core.kv_events and self.kv_publisher is not None:
+                self.kv_publisher(EventBatch(loop.time(), core.kv_events, 0))
+                core.kv_events = []
 
     async def stop(self) -> None:
         task, self._task = self._task, None

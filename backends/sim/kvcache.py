@@ -37,6 +37,7 @@ class BlockPool:
         "caching",
         "evictions",
         "num_blocks",
+        "removed",
         "used",
     )
 
@@ -50,6 +51,9 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with no user, LRU first
         self.used = 0  # blocks with at least one user
         self.evictions = 0
+        self.removed: list[int] | None = None
+        """Hashes no longer findable since the engine last published KV events (``None``:
+        the engine publishes none)."""
 
     @property
     def available(self) -> int:
@@ -95,18 +99,21 @@ class BlockPool:
                 h = self._hash_of.pop(b)
                 if self._index.get(h) == b:
                     del self._index[h]
+                    if self.removed is not None:
+                        self.removed.append(h)
                 self.evictions += 1
             self._refs[b] = 1
             out.append(b)
         self.used += n
         return out
 
-    def register(self, block: int, h: int) -> None:
-        """Block ``block`` is now full with content hash ``h``: make it findable."""
+    def register(self, block: int, h: int) -> bool:
+        """Block ``block`` is now full with content hash ``h``: make it findable; whether
+        ``h`` was not findable before (another block may already hold the same content)."""
         if not self.caching or block in self._hash_of:
-            return
+            return False
         self._hash_of[block] = h
-        self._index.setdefault(h, block)
+        return self._index.setdefault(h, block) == block
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block; unreferenced hashed blocks stay cached (LRU),

@@ -14,6 +14,7 @@ __all__ = [
     "LAUNCH_PLACEHOLDERS",
     "DiscoveryConfig",
     "EndpointConfig",
+    "KvEventsConfig",
     "LaunchConfig",
     "RestartConfig",
     "placeholders",
@@ -171,6 +172,49 @@ class DiscoveryConfig(_Strict):
     far stay meanwhile."""
 
 
+class KvEventsConfig(_Strict):
+    """Where the engine publishes its KV-cache events (vLLM's ``--kv-events-config``), for
+    exact prefix routing (``precise_prefix``; docs/scheduling.md)."""
+
+    endpoint: str
+    """The engine's ZMQ PUB address: ``tcp://HOST:PORT`` for an engine started with
+    ``"endpoint": "tcp://*:PORT"`` (it binds; the gateway connects). With ``replicas``, each
+    replica's port is this one plus its number (as vLLM offsets by data-parallel rank)."""
+    topic: str = ""
+    """The engine's ``topic`` (messages of other topics are ignored)."""
+    replay_endpoint: str | None = None
+    """The engine's ``replay_endpoint`` (``tcp://HOST:PORT``), to fetch batches lost in a gap
+    instead of forgetting what the engine held."""
+    bind: bool = False
+    """Bind ``endpoint`` instead of connecting (for engines given the gateway's address,
+    which connect to it)."""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError("must be a ZMQ address: tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+        return value
+
+    def for_replica(self, replica: int) -> KvEventsConfig:
+        """The addresses of replica ``replica`` (ports offset by it)."""
+        if replica == 0:
+            return self
+        return self.model_copy(
+            update={
+                "endpoint": _offset(self.endpoint, replica),
+                "replay_endpoint": _offset(self.replay_endpoint, replica),
+            }
+        )
+
+
+def _offset(address: str | None, by: int) -> str | None:
+    if address is None or not address.startswith("tcp://"):
+        return address
+    host, _, port = address.rpartition(":")
+    return f"{host}:{int(port) + by}" if port.isdigit() and int(port) else address
+
+
 class EndpointConfig(_Strict):
     """One engine (or ``replicas`` identical engines) serving the model."""
 
@@ -196,6 +240,10 @@ class EndpointConfig(_Strict):
     """Start the engines of this entry as processes of the gateway (one per replica),
     restart them when they exit, and stop them with the gateway. ``null``: the engines run
     elsewhere and ``options`` say where (see docs/managed-engines.md)."""
+    kv_events: KvEventsConfig | None = None
+    """Subscribe to the engine's KV-cache events (exact prefix routing with the
+    ``precise_prefix`` balancer). The in-process ``sim`` backend needs none: its events
+    reach the balancer directly."""
     discovery: DiscoveryConfig | None = None
     """Find this entry's engines at run time (DNS, Kubernetes EndpointSlices) instead of
     ``options.base_url``: one endpoint per target found, added, drained and removed as

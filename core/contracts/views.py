@@ -34,11 +34,18 @@ class EndpointView(Protocol):
     """Requests this gateway dispatched to it and has not seen finish (always current)."""
     in_flight_tokens: int
     """Prompt plus expected output tokens of those requests."""
+    prefill_tokens: int
+    """Of those requests, the ones with no output yet: their prompt tokens the engine must
+    still compute (less what the balancer expected it to have cached,
+    ``InferenceRequest.expected_cached``). Work standing between a new request and its
+    first token there."""
     remote_in_flight: int
     """Requests the fleet's other gateways have in flight on it (``fleet:``), at most one
     sync interval old; 0 without a fleet."""
     remote_tokens: int
     """Their prompt plus expected output tokens."""
+    remote_prefill_tokens: int
+    """Their ``prefill_tokens`` on it (as of their last sync); 0 without a fleet."""
     limit: int
     """Current concurrency limit (0: none)."""
     healthy: bool
@@ -77,7 +84,7 @@ class PoolView(Protocol):
 class Ticket:
     """A request's claim on one endpoint slot, from dispatch until release."""
 
-    __slots__ = ("admitted", "cost", "endpoint", "pool", "released", "request")
+    __slots__ = ("admitted", "cost", "endpoint", "pool", "prefill", "released", "request")
 
     def __init__(
         self, request: InferenceRequest, pool: PoolView, endpoint: EndpointView, admitted: float, cost: int
@@ -89,4 +96,7 @@ class Ticket:
         """Event-loop time the slot was given."""
         self.cost = cost
         """Tokens added to the endpoint's ``in_flight_tokens`` (given back on release)."""
+        self.prefill = 0
+        """Tokens added to the endpoint's ``prefill_tokens`` (given back at the first
+        output, or on release)."""
         self.released = False

@@ -58,6 +58,9 @@ class FleetBatch(msgspec.Struct, array_like=True):
     ``autoscaling:`` (so each gateway's desired count is the fleet's)."""
     queues: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """Pool → its scheduler's ``fleet_state()`` (tiers' slots, tenants' service)."""
+    prefill: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    """Pool → endpoint → uncached prompt tokens of this gateway's requests there that have
+    not answered yet (``prefill_tokens``: the prefix balancers weigh the fleet's)."""
 
 
 class _Peer(msgspec.Struct):
@@ -70,6 +73,7 @@ class _Peer(msgspec.Struct):
     """Pool → the scheduler state it last sent, less its ``service``."""
     unmerged: dict[str, dict[str, dict[str, float]]] = msgspec.field(default_factory=dict)
     """Pool → the ``service`` it said (summed over its batches) not yet merged here."""
+    prefill: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -111,6 +115,7 @@ class FleetSync:
         """The other gateways heard from within ``stale_after_s``."""
         self._task: asyncio.Task[None] | None = None
         self._last_inflight: dict[str, dict[str, tuple[int, int]]] | None = None
+        self._last_prefill: dict[str, dict[str, int]] | None = None
         self._last_demand: dict[str, tuple[float, float]] = {}
         self._last_queues: dict[str, dict[str, Any]] = {}
         self._last_sent = 0.0
@@ -202,6 +207,11 @@ class FleetSync:
             for name, pool in pools.items()
         }
         inflight = {k: v for k, v in inflight.items() if v}
+        prefill = {
+            name: {e.name: e.prefill_tokens for e in pool.endpoints if e.prefill_tokens}
+            for name, pool in pools.items()
+        }
+        prefill = {k: v for k, v in prefill.items() if v}
         demand = {
             name: (pool.scaling.rate, pool.scaling.forecast)
             for name, pool in pools.items()
@@ -217,18 +227,24 @@ class FleetSync:
         said = {name: {k: v for k, v in q.items() if k != "service"} for name, q in queues.items()}
         news = any(q.get("service") for q in queues.values())
         unchanged = (
-            inflight == self._last_inflight and demand == self._last_demand and said == self._last_queues
+            inflight == self._last_inflight
+            and prefill == self._last_prefill
+            and demand == self._last_demand
+            and said == self._last_queues
         )
         if not prefixes and not self._offered and unchanged and not news and not heartbeat:
             return b""
         self._last_inflight = inflight
+        self._last_prefill = prefill
         self._last_demand = demand
         self._last_queues = said
         self._last_sent = now
         loads = [(p, e, snap) for (p, e), snap in self._offered.items()]
         self._offered = {}
         return _encode(
-            FleetBatch(self.name, time.time(), inflight, prefixes, __version__, loads, demand, queues)
+            FleetBatch(
+                self.name, time.time(), inflight, prefixes, __version__, loads, demand, queues, prefill
+            )
         )
 
     # -- in -------------------------------------------------------------------------------
@@ -256,7 +272,7 @@ class FleetSync:
                         _add_service(unmerged.setdefault(pool_name, {}), service)
                     queues[pool_name] = {k: v for k, v in state.items() if k != "service"}
                 self._peers[batch.gateway] = _Peer(
-                    now, batch.inflight, batch.version, batch.demand, queues, unmerged
+                    now, batch.inflight, batch.version, batch.demand, queues, unmerged, batch.prefill
                 )
                 for pool_name, endpoint, snap in batch.loads:
                     self._shared_loads[(pool_name, endpoint)] = (snap, now)
@@ -280,16 +296,18 @@ class FleetSync:
         for name, pool in pools.items():
             freed = False
             for e in pool.endpoints:
-                requests = tokens = 0
+                requests = tokens = prefill = 0
                 for peer in self._peers.values():
                     got = peer.inflight.get(name, {}).get(e.name)
                     if got is not None:
                         requests += got[0]
                         tokens += got[1]
+                    prefill += peer.prefill.get(name, {}).get(e.name, 0)
                 if requests < e.remote_in_flight:
                     freed = True
                 e.remote_in_flight = requests
                 e.remote_tokens = tokens
+                e.remote_prefill_tokens = prefill
             states = []
             for peer in self._peers.values():
                 state = peer.queues.get(name)

@@ -292,6 +292,41 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
+def _kv_event_metrics(gw: StateView) -> Iterable[Metric]:
+    """The prefill queued per endpoint, and the KV-event feeds of pools that route by them."""
+    ep = ["model", "endpoint"]
+    prefill = _gauge(
+        "shuniu_endpoint_prefill_tokens",
+        "Uncached prompt tokens of this gateway's requests on the endpoint not answering yet.",
+        ep,
+    )
+    for name, pool in gw.pools.items():
+        for e in pool.endpoints:
+            prefill.add_metric([name, e.name], e.prefill_tokens)
+    yield prefill
+    feeds = gw.kv_events.feeds
+    if not feeds:
+        return
+    batches = CounterMetricFamily(
+        "shuniu_kv_event_batches", "KV-event batches applied from the endpoint's engine.", labels=ep
+    )
+    resets = CounterMetricFamily(
+        "shuniu_kv_event_resets",
+        "Times the endpoint's entries were cleared (engine restart, events lost, cache reset).",
+        labels=ep,
+    )
+    gaps = CounterMetricFamily("shuniu_kv_event_gaps", "Times the endpoint's events had a gap.", labels=ep)
+    blocks = _gauge("shuniu_kv_index_blocks", "KV blocks the index knows the endpoint's engine holds.", ep)
+    for name, pool_feeds in feeds.items():
+        for feed in pool_feeds:
+            labels = [name, feed.name]
+            batches.add_metric(labels, feed.applied)
+            resets.add_metric(labels, feed.resets)
+            gaps.add_metric(labels, feed.gaps)
+            blocks.add_metric(labels, feed.index.blocks(feed.endpoint))
+    yield from (batches, resets, gaps, blocks)
+
+
 class _LiveCollector(Collector):
     """Reads the gateway's state at scrape time."""
 
@@ -398,6 +433,7 @@ class _LiveCollector(Collector):
                         ph.add_metric(labels, load.prefix_hits)
         yield from (in_flight, in_flight_tokens, limit, healthy, completed, errors, queued)
         yield from (running, waiting, kv, pq, ph, weight, rejected, ejected, ejections, retries, gave_up)
+        yield from _kv_event_metrics(gw)
         yield from self._degradation()
         yield from self._engines()
         yield from self._cache()

@@ -126,6 +126,7 @@ class Attempts:
                 raise
             except Exception as exc:
                 err = backend_failure(endpoint, exc)
+            pool.first_output(ticket)
             if err is None:
                 return Opened(ticket, endpoint, res, gen, first)
             if gen is not None:

@@ -55,7 +55,7 @@ from shuniu.core.pools.resilience import Resilience
 from shuniu.core.tenancy.tenancy import Tenancy, limits_in_use
 from shuniu.core.tokenization.counter import PromptCounter, TokenizerError
 from shuniu.core.tokenization.engine import EngineCounter
-from shuniu.core.tokenization.local import LocalTokenizer
+from shuniu.core.tokenization.local import IdsCounter, LocalTokenizer
 
 __all__ = ["BuiltPools", "PoolBuilder", "ReuseKey"]
 
@@ -175,6 +175,8 @@ class PoolBuilder:
             )
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
             pool.counter = self.counter(model_name, model, pool)
+            if isinstance(pool.counter, LocalTokenizer) and hasattr(balancer, "kv_index"):
+                pool.counter = IdsCounter(pool.counter)  # its balancer matches token ids
             pool.accepts = frozenset(model.modalities) - {"text"}
             pool.serves = frozenset(model.serves) | ({"score"} if "rerank" in model.serves else set())
             pool.split_inputs = model.pooling.split_inputs
@@ -270,7 +272,7 @@ class PoolBuilder:
     @staticmethod
     def _endpoint(reg: Registration, spec: EndpointSpec, cfg: EndpointConfig) -> EndpointState:
         backend = _checked(reg.factory(spec), Backend, reg, "backend")
-        return EndpointState(
+        endpoint = EndpointState(
             spec.name,
             backend,
             weight=cfg.weight,
@@ -278,6 +280,9 @@ class PoolBuilder:
             max_concurrency=cfg.max_concurrency,
             labels=dict(cfg.labels),
         )
+        if cfg.kv_events is not None:
+            endpoint.kv_events = cfg.kv_events.for_replica(spec.replica)
+        return endpoint
 
     def discovery(self, kind: str, options: Any) -> Discovery:
         """The discovery source ``kind`` (registered with ``register_discovery``) for one

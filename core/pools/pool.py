@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+from shuniu.core.config.endpoints import KvEventsConfig
 from shuniu.core.contracts import Backend, Balancer, Classifier, Scheduler, Ticket
 from shuniu.core.pools.demand import Demand, Signals
 from shuniu.core.tokenization.counter import PromptCounter
@@ -45,6 +46,7 @@ class EndpointState:
         "in_flight",
         "in_flight_tokens",
         "index",
+        "kv_events",
         "labels",
         "last_health_detail",
         "limit",
@@ -53,7 +55,9 @@ class EndpointState:
         "load_weight",
         "max_concurrency",
         "name",
+        "prefill_tokens",
         "remote_in_flight",
+        "remote_prefill_tokens",
         "remote_tokens",
         "version",
         "weight",
@@ -87,10 +91,16 @@ class EndpointState:
         self.in_flight = 0
         self.in_flight_tokens = 0
         """Prompt + expected output tokens of the requests dispatched and not yet finished."""
+        self.prefill_tokens = 0
+        """Uncached prompt tokens of those requests not yet answering (see EndpointView)."""
+        self.kv_events: KvEventsConfig | None = None
+        """Where the engine publishes its KV-cache events (``kv_events:``), if it does."""
         self.remote_in_flight = 0
         """The fleet's other gateways' requests in flight on it, as they last published
         (``fleet:``; 0 without one)."""
         self.remote_tokens = 0
+        self.remote_prefill_tokens = 0
+        """The other gateways' ``prefill_tokens`` on it, as they last published."""
         self.healthy = True
         self.draining = False
         self.last_health_detail = ""
@@ -233,7 +243,19 @@ class Pool:
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += cost
         self.dispatched += 1
-        return Ticket(req, self, endpoint, now, cost)
+        ticket = Ticket(req, self, endpoint, now, cost)
+        prefill = req.prompt_tokens - req.expected_cached
+        if prefill > 0:
+            ticket.prefill = prefill
+            endpoint.prefill_tokens += prefill
+        return ticket
+
+    @staticmethod
+    def first_output(ticket: Ticket) -> None:
+        """The ticket's request produced its first output (or failed): its prefill is done."""
+        if ticket.prefill:
+            cast(EndpointState, ticket.endpoint).prefill_tokens -= ticket.prefill
+            ticket.prefill = 0
 
     def free(self, ticket: Ticket, outcome: Outcome) -> bool:
         """Return the ticket's slot (idempotent). True if it was still held."""
@@ -243,6 +265,9 @@ class Pool:
         endpoint = cast(EndpointState, ticket.endpoint)
         endpoint.in_flight -= 1
         endpoint.in_flight_tokens -= ticket.cost
+        if ticket.prefill:
+            endpoint.prefill_tokens -= ticket.prefill
+            ticket.prefill = 0
         if outcome is Outcome.ERROR:
             endpoint.errors += 1
         else:

@@ -9,17 +9,18 @@ so two prompts share block *i*'s hash only if they share everything up to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from zlib import adler32, crc32
 
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["prefix_hashes"]
+__all__ = ["match_depths", "prefix_hashes"]
 
 
 def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) -> list[int]:
     """The hash chain of ``req``'s full prompt blocks (a trailing partial block is left out,
     as engines only cache full blocks). Computed once per request and block size."""
-    ids = req.token_ids
+    ids = req.token_ids if req.token_ids is not None else req.prompt_ids
     block = block_tokens if ids is not None else block_chars
     if req.prefix_hashes is not None and req.prefix_block == block:
         return req.prefix_hashes
@@ -42,3 +43,35 @@ def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) ->
     req.prefix_hashes = out
     req.prefix_block = block
     return out
+
+
+def match_depths(table: Mapping[int, int], hashes: Sequence[int], alive: int) -> dict[int, int]:
+    """Endpoint index → how many leading blocks of ``hashes`` it holds, for the endpoints in
+    the bit mask ``alive`` that hold at least the first; ``table``: block hash → bit mask of
+    the endpoints holding it (a prefix index, approximate or from KV events)."""
+    depth_of: dict[int, int] = {}
+    if not hashes or not table:
+        return depth_of
+    depth = 0
+    for h in hashes:
+        mask = table.get(h)
+        if mask is None:
+            break
+        still = alive & mask
+        if still != alive:
+            gone = alive & ~still
+            if depth:
+                while gone:
+                    bit = gone & -gone
+                    depth_of[bit.bit_length() - 1] = depth
+                    gone ^= bit
+            alive = still
+            if not alive:
+                break
+        depth += 1
+    if depth:
+        while alive:
+            bit = alive & -alive
+            depth_of[bit.bit_length() - 1] = depth
+            alive ^= bit
+    return depth_of

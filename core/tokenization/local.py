@@ -21,18 +21,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shuniu.core.tokenization.chat_template import ChatTemplate
 from shuniu.core.tokenization.counter import TokenizerError
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["OFFLOAD_CHARS", "LocalTokenizer"]
+__all__ = ["OFFLOAD_CHARS", "IdsCounter", "LocalTokenizer"]
 
+T = TypeVar("T")
 log = logging.getLogger("shuniu.tokenization")
 
 OFFLOAD_CHARS = 4096
@@ -147,20 +148,54 @@ class LocalTokenizer:
         prompt = self.prompt_text(req)
         if prompt is None:
             return None
-        text, special = prompt
+        return await self._off_loop(self.count_text, *prompt)
+
+    async def _off_loop(self, fn: Callable[..., T], text: str, special: bool) -> T:
+        """``fn(text, special_tokens=special)``, on a worker thread for a long text."""
         if len(text) <= self.offload_chars:
-            return self.count_text(text, special_tokens=special)
+            return fn(text, special_tokens=special)
         if self._executor is None:
             # Created on the first long prompt; two threads: tokenizing is CPU work, and more
             # threads than a gateway's cores would only queue behind each other.
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shuniu-tokenize")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, partial(self.count_text, text, special_tokens=special)
-        )
+        return await loop.run_in_executor(self._executor, partial(fn, text, special_tokens=special))
+
+    def ids_text(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """The token ids of ``text``."""
+        return list(self._encode([text], add_special_tokens=special_tokens)[0].ids)
+
+    async def ids(self, req: InferenceRequest) -> list[int] | None:
+        """The prompt's token ids as the engine computes them (chat template applied), or
+        ``None`` when the template refuses the messages."""
+        prompt = self.prompt_text(req)
+        if prompt is None:
+            return None
+        return await self._off_loop(self.ids_text, *prompt)
 
     def close(self) -> None:
         """Stop the worker threads (the pool's shutdown)."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+class IdsCounter:
+    """Counts with a :class:`LocalTokenizer` and keeps the ids on the request
+    (``InferenceRequest.prompt_ids``), for a balancer that matches them against the engines'
+    blocks (``precise_prefix``). One encode does both."""
+
+    __slots__ = ("tokenizer",)
+
+    def __init__(self, tokenizer: LocalTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    async def count(self, req: InferenceRequest) -> int | None:
+        ids = await self.tokenizer.ids(req)
+        if ids is None:
+            return None
+        req.prompt_ids = ids
+        return len(ids)
+
+    def close(self) -> None:
+        pass  # the tokenizer is shared: the pool builder closes it

@@ -1,13 +1,20 @@
-"""``prefix_affinity``: send a prompt where its prefix is probably cached, within a load
-bound; and the ``prefix`` scorer for composed balancers.
+"""``prefix_affinity``: send a prompt where its prefix is probably cached, unless its first
+token would come sooner elsewhere; and the ``prefix`` scorer for composed balancers.
 
 A replica that already holds a prompt's leading blocks in its KV cache skips their prefill,
 so its time to first token is several times shorter. The balancer remembers which endpoints
-recently received which blocks (:class:`PrefixIndex`, bounded) and prefers the longest
-match — unless that endpoint's load exceeds the least-loaded candidate's by more than the
-configured bound (both absolute and relative), in which case the least-loaded one gets the
-request (and from then on holds the prefix too). The bound is what keeps a popular system
-prompt from pulling all traffic onto one replica (the "death spiral" of naive affinity).
+recently received which blocks (:class:`PrefixIndex`, bounded) and weighs, per candidate, the
+prefill work already waiting there against the prompt tokens it would have to compute — the
+same cost as ``precise_prefix``, which knows the blocks exactly from the engines' events
+(:func:`~shuniu.plugins.balancers.precise_prefix.cheapest`). A request stays on its cached
+replica while the wait there is shorter than a cold prefill elsewhere. A loose bound on
+request load (``balance_abs``, ``balance_rel``) keeps a popular system prompt from pulling
+all traffic onto one replica (the "death spiral" of naive affinity).
+
+Why not a bound on request counts alone (this balancer's first design): under load, the
+replica holding a prefix is often a few requests busier than the least loaded one; moving
+requests off it then costs a full prefill each and leaves a copy of the prefix in a second
+cache, which evicts others — hits fall and load rises together, and the pool collapses.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ from pydantic import Field
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Balancer, EndpointView, RegisterBalancer, RegisterScorer, Scorer
-from shuniu.core.pools.load import LoadWeights, load_score
+from shuniu.core.pools.load import LoadWeights
 from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
-from shuniu.plugins.balancers.prefix_index import PrefixIndex
+from shuniu.plugins.balancers.precise_prefix import place
+from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
 __all__ = ["PrefixAffinity", "PrefixAffinityOptions", "PrefixOptions", "PrefixScorer"]
 
@@ -41,83 +49,70 @@ class PrefixOptions(Options):
     max_blocks: int = Field(262_144, ge=1)
     """Blocks remembered across all endpoints (least recently used forgotten first); about
     100 bytes each."""
+    memory_s: float = Field(30.0, gt=0)
+    """How long a dispatch counts as leaving its prefix in the engine's cache (forgotten
+    ``memory_s`` to twice that after the prefix was last sent there): about how long an
+    unused block survives in the engines' caches under the pool's load."""
 
 
 class PrefixAffinityOptions(PrefixOptions):
-    """Prefix affinity with a load bound."""
+    """Prefix affinity, weighed by time to first token, within a load bound."""
 
-    balance_abs: float = Field(4.0, ge=0)
-    """Affinity yields to the least-loaded endpoint when the matched one carries more than
-    this many extra requests (in flight, plus the engine's queue and KV pressure as
-    ``load`` weighs them, but not tokens: a prompt sent where its prefix is cached costs
-    little of its length, so counting it would push conversations off their cache just as
-    they grow) ..."""
-    balance_rel: float = Field(1.5, ge=1)
-    """... and more than this multiple of the least-loaded one's load (plus one)."""
+    balance_abs: float = Field(16.0, ge=0)
+    """Never choose an endpoint carrying more than this many requests above the least
+    loaded candidate (in flight, plus the engine's queue and KV pressure as ``load`` weighs
+    them, but not tokens: the cost weighs those) ..."""
+    balance_rel: float = Field(2.0, ge=1)
+    """... and more than this multiple of the least loaded one's load (plus one)."""
+    waiting_cost_tokens: float = Field(1024.0, ge=0)
+    """Prompt tokens one request waiting in an engine's own queue costs."""
+    cold_weight: float = Field(1.0, ge=1)
+    """How much more a prompt token to compute costs than one already queued: a cold
+    prefill also delays every request behind it there and evicts other prefixes to make room,
+    so moving a request off its cached engine must win by more than its own wait."""
+    slack_tokens: float = Field(4096.0, ge=0)
+    """Costs this close to the lowest count as equal; among them the longest cached prefix
+    wins (estimates are rough, and gateways of a fleet see each other's work late)."""
     min_match_blocks: int = Field(1, ge=1)
     """Shorter matches than this are ignored (a shared greeting is not worth a detour)."""
     load: LoadOptions = Field(default_factory=LoadOptions)
-    """How load is measured (as ``least_load`` does)."""
+    """How load is measured for the bound (as ``least_load`` does)."""
 
 
 class PrefixAffinity(Balancer):
-    """Longest known prefix, bounded by load; least load when nothing matches."""
+    """Soonest first token, from the prefixes this gateway (and its fleet) dispatched."""
 
-    __slots__ = ("_turn", "bound_weights", "index", "options", "weights")
+    __slots__ = ("_turn", "bound_weights", "index", "options")
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
         self.options = options or PrefixAffinityOptions()
-        self.weights = w = self.options.load.weights()
+        w = self.options.load.weights()
         # The bound compares requests, not tokens (see ``balance_abs``).
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
-        self.index = PrefixIndex(self.options.max_blocks)
+        self.index = AgingPrefixIndex(self.options.max_blocks, self.options.memory_s)
         self._turn = 0
 
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
-        n = len(endpoints)
-        if n == 0:
+        if not endpoints:
             return None
         o = self.options
         hashes = prefix_hashes(req, o.block_chars, o.block_tokens)
-        w = self.weights
-        # One pass: every candidate's load, the least loaded (scanning from a rotating start
-        # so ties share), and the bit mask of candidates for the prefix match.
-        start = self._turn % n
-        self._turn = start + 1
-        loads: dict[int, float] = {}
-        alive = 0
-        least = endpoints[start]
-        least_load = load_score(least, w)
-        for k in range(n):
-            e = endpoints[(start + k) % n]
-            x = load_score(e, w) if k else least_load
-            loads[e.index] = x
-            alive |= 1 << e.index
-            if x < least_load:
-                least, least_load = e, x
-        chosen = least
+        depths: dict[int, int] = {}
         if hashes:
-            depths = self.index.match_sparse(hashes, alive)
-            if depths:
-                best_i = -1
-                best_depth = 0
-                for i, d in depths.items():
-                    if d > best_depth or (d == best_depth and loads[i] < loads[best_i]):
-                        best_i, best_depth = i, d
-                if best_depth >= o.min_match_blocks:
-                    best = least
-                    for e in endpoints:
-                        if e.index == best_i:
-                            best = e
-                            break
-                    bw = self.bound_weights
-                    home, low = load_score(best, bw), load_score(least, bw)
-                    if home - low <= o.balance_abs or home + 1.0 <= o.balance_rel * (low + 1.0):
-                        chosen = best
+            alive = 0
+            for e in endpoints:
+                alive |= 1 << e.index
+            depths = {
+                i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= o.min_match_blocks
+            }
+        chosen = place(
+            req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn
+        )
+        self._turn += 1
         self.index.record(hashes, chosen)
         return chosen
 
-    def shared_index(self) -> PrefixIndex:
+    def shared_index(self) -> AgingPrefixIndex:
         return self.index
 
 
@@ -128,7 +123,7 @@ class PrefixScorer(Scorer):
 
     def __init__(self, options: PrefixOptions | None = None) -> None:
         self.options = options or PrefixOptions()
-        self.index = PrefixIndex(self.options.max_blocks)
+        self.index = AgingPrefixIndex(self.options.max_blocks, self.options.memory_s)
 
     def score(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> list[float]:
         o = self.options
@@ -142,7 +137,7 @@ class PrefixScorer(Scorer):
         o = self.options
         self.index.record(prefix_hashes(req, o.block_chars, o.block_tokens), endpoint)
 
-    def shared_index(self) -> PrefixIndex:
+    def shared_index(self) -> AgingPrefixIndex:
         return self.index
 
 
@@ -152,7 +147,7 @@ def register_balancers(register: RegisterBalancer) -> None:
         "prefix_affinity",
         PrefixAffinity,
         options=PrefixAffinityOptions,
-        description="Where the prompt's prefix is probably cached, unless that replica is much busier.",
+        description="Where the prompt's prefix is probably cached, unless it would wait longer there.",
     )
 
 

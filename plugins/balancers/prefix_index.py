@@ -9,12 +9,15 @@ as an engine's evicted KV block stops giving hits.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shuniu.core.contracts import EndpointView
+from shuniu.core.pools.prefix import match_depths
 
-__all__ = ["PrefixIndex"]
+__all__ = ["AgingPrefixIndex", "PrefixIndex"]
 
 
 class PrefixIndex:
@@ -42,43 +45,13 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
         """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
-        alive = 0
-        for e in endpoints:
-            alive |= 1 << e.index
-        depths = self.match_sparse(hashes, alive)
-        return [depths.get(e.index, 0) for e in endpoints]
+        return _per_endpoint(self.match_sparse, hashes, endpoints)
 
     def match_sparse(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
         """Endpoint index → matched leading blocks, for the endpoints in the bit mask
         ``alive`` that match at least one block (cheap for pools with many endpoints, where
         few match; :meth:`match` is the per-endpoint list form)."""
-        table = self._table
-        depth_of: dict[int, int] = {}
-        if not hashes or not table:
-            return depth_of
-        depth = 0
-        for h in hashes:
-            mask = table.get(h)
-            if mask is None:
-                break
-            still = alive & mask
-            if still != alive:
-                gone = alive & ~still
-                if depth:
-                    while gone:
-                        bit = gone & -gone
-                        depth_of[bit.bit_length() - 1] = depth
-                        gone ^= bit
-                alive = still
-                if not alive:
-                    break
-            depth += 1
-        if depth:
-            while alive:
-                bit = alive & -alive
-                depth_of[bit.bit_length() - 1] = depth
-                alive ^= bit
-        return depth_of
+        return match_depths(self._table, hashes, alive)
 
     def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
         """``endpoint`` now holds these blocks (it was sent the prompt)."""
@@ -104,9 +77,23 @@ class PrefixIndex:
             for _ in range(excess):
                 pop(last=False)
 
+    def drop(self, endpoint: int, h: int) -> None:
+        """Endpoint index ``endpoint`` no longer holds block ``h`` (its engine said so)."""
+        mask = self._table.get(h)
+        if mask is not None:
+            mask &= ~(1 << endpoint)
+            if mask:
+                self._table[h] = mask
+            else:
+                del self._table[h]
+
     def forget(self, endpoint: EndpointView) -> None:
         """Drop ``endpoint`` from every entry (it restarted and lost its cache). O(table)."""
-        clear = ~(1 << endpoint.index)
+        self.forget_index(endpoint.index)
+
+    def forget_index(self, index: int) -> None:
+        """:meth:`forget` by endpoint index."""
+        clear = ~(1 << index)
         table = self._table
         for h in list(table):
             mask = table[h] & clear
@@ -114,3 +101,94 @@ class PrefixIndex:
                 table[h] = mask
             else:
                 del table[h]
+
+
+def _per_endpoint(
+    sparse: Callable[[Sequence[int], int], dict[int, int]],
+    hashes: Sequence[int],
+    endpoints: Sequence[EndpointView],
+) -> list[int]:
+    """A sparse match (endpoint index → depth) as one depth per endpoint, in order."""
+    alive = 0
+    for e in endpoints:
+        alive |= 1 << e.index
+    depths = sparse(hashes, alive)
+    return [depths.get(e.index, 0) for e in endpoints]
+
+
+def _loop_time() -> float:
+    try:
+        return asyncio.get_running_loop().time()  # virtual in ``shuniu simulate``
+    except RuntimeError:
+        return time.monotonic()
+
+
+class AgingPrefixIndex:
+    """A :class:`PrefixIndex` whose entries are forgotten ``memory_s`` to twice that after
+    they were last recorded: two generations, the older dropped when the newer is
+    ``memory_s`` old. An engine evicts blocks nobody asks for; a memory that never forgets
+    would keep claiming them, and in time claim every prefix on every endpoint.
+
+    A fleet's sync (:class:`~shuniu.core.contracts.SharedIndex`) works on it as on one index:
+    merges go to the newer generation, and the outbox survives a swap."""
+
+    __slots__ = ("_born", "max_blocks", "memory_s", "new", "old")
+
+    def __init__(self, max_blocks: int, memory_s: float) -> None:
+        self.max_blocks = max_blocks
+        self.memory_s = memory_s
+        self.new = PrefixIndex(max_blocks)
+        self.old = PrefixIndex(max_blocks)
+        self._born = _loop_time()
+
+    def _age(self) -> PrefixIndex:
+        now = _loop_time()
+        if now - self._born > self.memory_s:
+            fresh = PrefixIndex(self.max_blocks)
+            fresh.outbox, self.new.outbox = self.new.outbox, None
+            self.old, self.new = self.new, fresh
+            self._born = now
+        return self.new
+
+    @property
+    def outbox(self) -> list[tuple[int, Sequence[int]]] | None:
+        return self.new.outbox
+
+    @outbox.setter
+    def outbox(self, value: list[tuple[int, Sequence[int]]] | None) -> None:
+        self.new.outbox = value
+
+    def share(self) -> None:
+        self.new.share()
+
+    def merge(self, endpoint: int, hashes: Sequence[int]) -> None:
+        self._age().merge(endpoint, hashes)
+
+    def __len__(self) -> int:
+        return len(self.new) + len(self.old)
+
+    def match_sparse(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
+        """As :meth:`PrefixIndex.match_sparse`, the deeper of the two generations' matches."""
+        self._age()
+        depths = self.new.match_sparse(hashes, alive)
+        for i, d in self.old.match_sparse(hashes, alive).items():
+            if d > depths.get(i, 0):
+                depths[i] = d
+        return depths
+
+    def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
+        return _per_endpoint(self.match_sparse, hashes, endpoints)
+
+    def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
+        self._age().record(hashes, endpoint)
+
+    def drop(self, endpoint: int, h: int) -> None:
+        self.new.drop(endpoint, h)
+        self.old.drop(endpoint, h)
+
+    def forget(self, endpoint: EndpointView) -> None:
+        self.forget_index(endpoint.index)
+
+    def forget_index(self, index: int) -> None:
+        self.new.forget_index(index)
+        self.old.forget_index(index)

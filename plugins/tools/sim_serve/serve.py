@@ -136,6 +136,65 @@ def build_server(
     return gateway, backend, model_name
 
 
+_KV_EVENTS_KEYS = frozenset(
+    {
+        "enable_kv_cache_events",
+        "publisher",
+        "endpoint",
+        "replay_endpoint",
+        "buffer_steps",
+        "hwm",
+        "max_queue_size",
+        "topic",
+    }
+)
+
+
+def kv_events_publisher(text: str | None) -> Any:
+    """The ZMQ publisher ``--kv-events-config`` asks for (vLLM's JSON and defaults), or
+    ``None`` (not given, events disabled, or the ``null`` publisher)."""
+    from shuniu.core.errors import Problem
+
+    if text is None:
+        return None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError([Problem("--kv-events-config", f"not JSON: {exc}")], "command line") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError([Problem("--kv-events-config", "must be a JSON object")], "command line")
+    unknown = sorted(set(cfg) - _KV_EVENTS_KEYS)
+    if unknown:
+        raise ConfigError(
+            [
+                Problem(
+                    f"--kv-events-config.{unknown[0]}",
+                    f"unknown key; known: {', '.join(sorted(_KV_EVENTS_KEYS))}",
+                )
+            ],
+            "command line",
+        )
+    publisher = cfg.get("publisher", "zmq" if cfg.get("enable_kv_cache_events") else "null")
+    if not cfg.get("enable_kv_cache_events") or publisher == "null":
+        return None
+    if publisher != "zmq":
+        raise ConfigError(
+            [Problem("--kv-events-config.publisher", "must be 'zmq' or 'null'")], "command line"
+        )
+    from shuniu.core.kv_events.zmq_transport import ZmqPublisher
+
+    try:
+        return ZmqPublisher(
+            str(cfg.get("endpoint", "tcp://*:5557")),
+            topic=str(cfg.get("topic", "")),
+            replay_endpoint=cfg.get("replay_endpoint"),
+            buffer_steps=int(cfg.get("buffer_steps", 10_000)),
+            hwm=int(cfg.get("hwm", 100_000)),
+        )
+    except Exception as exc:  # a bad address, a port in use
+        raise ConfigError([Problem("--kv-events-config.endpoint", str(exc))], "command line") from None
+
+
 def _report(exc: ConfigError) -> None:
     click.secho(f"shuniu sim serve: {len(exc.problems)} problem(s)", fg="red", err=True)
     for problem in exc.problems:
@@ -194,6 +253,12 @@ def _report(exc: ConfigError) -> None:
     help="Order of the engine's waiting queue (default fcfs).",
 )
 @click.option(
+    "--kv-events-config",
+    default=None,
+    help="Publish KV-cache events as vLLM does (its JSON), e.g. "
+    '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'.',
+)
+@click.option(
     "--log-level",
     default="warning",
     type=click.Choice(_LOG_LEVELS),
@@ -216,6 +281,7 @@ def serve_command(
     block_size: int | None,
     no_prefix_caching: bool,
     scheduling_policy: str | None,
+    kv_events_config: str | None,
     log_level: str,
 ) -> None:
     """Serve one simulated engine with vLLM's OpenAI API and Prometheus /metrics.
@@ -247,10 +313,13 @@ def serve_command(
     options = {k: v for k, v in given.items() if v is not None}
     served = list(served_model_name) or [default_model_name(model)]
     try:
+        events = kv_events_publisher(kv_events_config)
         gateway, backend, name = build_server(served, options, host=host, port=port)
     except ConfigError as exc:
         _report(exc)
         sys.exit(2)
+    if events is not None:
+        backend.engine.publish_kv_events(events.publish)
 
     def ready(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host

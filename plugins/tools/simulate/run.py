@@ -11,6 +11,7 @@ engine, one event per engine iteration.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -125,6 +126,7 @@ async def _run(
             priority=req.priority,  # as the scheduler set it (from the tier)
             arrival=admitted,
         )
+        seq.on_first = functools.partial(pool.first_output, ticket)
         outcome = Outcome.ERROR
         try:
             await backend.run_seq(seq)

@@ -1,0 +1,143 @@
+"""The ``precise_prefix`` balancer and the cost both prefix balancers weigh: a request stays
+on the engine its events say holds its prefix while the queued prefill there is shorter than
+a cold prefill elsewhere, moves once it is not, never past the load bound, spreads an idle
+pool; the pool counts each endpoint's queued prefill from dispatch to first output; and a
+gateway wires its sim engines' events into the balancer's index (and again after a reload)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from shuniu.backends.sim.engine import Seq
+from shuniu.core.contracts import BackendBase, Ticket
+from shuniu.core.kv_events import BlockRemoved, BlockStored, EventBatch, KvBlockIndex
+from shuniu.core.pools.pool import EndpointState, Pool
+from shuniu.core.types import InferenceRequest, Outcome
+from shuniu.plugins.balancers.precise_prefix import PrecisePrefix, PrecisePrefixOptions
+
+SHARED = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
+
+
+def _req(ids: list[int]) -> InferenceRequest:
+    return InferenceRequest(
+        id="r", api="completions", model="m", body={}, prompt="", prompt_tokens=len(ids), token_ids=ids
+    )
+
+
+def _endpoints(n: int) -> list[EndpointState]:
+    eps = [EndpointState(f"e{i}", BackendBase()) for i in range(n)]
+    for i, e in enumerate(eps):
+        e.index = i
+    return eps
+
+
+def _holds(index: KvBlockIndex, endpoint: int, ids: list[int], bs: int = 16) -> None:
+    """``endpoint``'s engine reports it cached ``ids`` (whole blocks)."""
+    n = len(ids) // bs
+    index.apply(
+        endpoint, EventBatch(0.0, [BlockStored(list(range(n)), None, ids[: n * bs], bs, medium="GPU")])
+    )
+
+
+def test_a_request_stays_on_its_cached_engine_while_waiting_there_is_cheaper() -> None:
+    bal = PrecisePrefix(PrecisePrefixOptions(slack_tokens=0))
+    eps = _endpoints(2)
+    _holds(bal.kv_index(), 1, SHARED)
+    req = _req([*SHARED, 1, 2, 3])
+    eps[1].prefill_tokens = 400  # queued there: less than the 512 a cold prefill costs
+    assert bal.pick(req, eps) is eps[1] and req.expected_cached == 512
+    eps[1].prefill_tokens = 700  # now the wait is longer than computing it all elsewhere
+    moved = _req([*SHARED, 4, 5, 6])
+    assert bal.pick(moved, eps) is eps[0] and moved.expected_cached == 0
+    # The fleet's other gateways' prefill there counts as much as this gateway's.
+    eps[1].prefill_tokens, eps[0].remote_prefill_tokens = 0, 2000
+    assert bal.pick(_req([*SHARED, 7]), eps) is eps[1]
+
+
+def test_the_exact_index_beats_a_guess_and_an_eviction_is_believed() -> None:
+    bal = PrecisePrefix()
+    eps = _endpoints(3)
+    index = bal.kv_index()
+    _holds(index, 2, SHARED)
+    assert bal.pick(_req([*SHARED, 9]), eps) is eps[2]
+    index.apply(2, EventBatch(1.0, [BlockRemoved(list(range(32)), "GPU")]))  # evicted
+    assert index.blocks(2) == 0
+    _holds(index, 0, SHARED)
+    assert bal.pick(_req([*SHARED, 10]), eps) is eps[0]
+
+
+def test_never_past_the_load_bound_and_an_idle_pool_spreads() -> None:
+    bal = PrecisePrefix(PrecisePrefixOptions(balance_abs=4, balance_rel=1.5))
+    eps = _endpoints(2)
+    _holds(bal.kv_index(), 0, SHARED)
+    eps[0].in_flight = 6  # 6 above the other: past both bounds, however cheap its cache
+    assert bal.pick(_req([*SHARED, 1]), eps) is eps[1]
+    idle = _endpoints(4)
+    fresh = PrecisePrefix()
+    chosen = {fresh.pick(_req([k] * 64), idle).name for k in range(4)}  # type: ignore[union-attr]
+    assert chosen == {"e0", "e1", "e2", "e3"}
+
+
+def test_a_burst_of_a_new_prefix_stays_together_before_any_event() -> None:
+    bal = PrecisePrefix()
+    eps = _endpoints(4)
+    first = bal.pick(_req([*SHARED, 0]), eps)
+    assert all(bal.pick(_req([*SHARED, k]), eps) is first for k in range(1, 6))
+
+
+def test_the_pool_counts_queued_prefill_from_dispatch_to_first_output() -> None:
+    eps = _endpoints(2)
+    bal = PrecisePrefix()
+    _holds(bal.kv_index(), 0, SHARED)
+    pool = Pool("m", eps, bal, object())  # type: ignore[arg-type]
+    cached = pool.try_dispatch(_req([*SHARED, *range(20)]), 0.0)
+    cold = pool.try_dispatch(_req(list(range(5000, 5300))), 0.0)
+    assert isinstance(cached, Ticket) and isinstance(cold, Ticket)
+    assert cached.endpoint is eps[0] and eps[0].prefill_tokens == 20  # only the uncached tail
+    assert cold.endpoint is eps[1] and eps[1].prefill_tokens == 300
+    pool.first_output(cached)
+    pool.first_output(cached)  # once only
+    assert eps[0].prefill_tokens == 0
+    pool.free(cold, Outcome.ERROR)  # ended before any output: given back on release
+    assert eps[1].prefill_tokens == 0 and eps[1].in_flight == 0
+
+
+async def test_a_gateway_feeds_its_sim_engines_events_to_the_balancer_and_again_after_a_reload(
+    tmp_path: Path,
+) -> None:
+    from shuniu.core.config.loader import load_deployment
+    from shuniu.core.gateway import Gateway
+    from shuniu.core.plugin_manager import load_plugins
+
+    text = textwrap.dedent(
+        """
+        models:
+          m:
+            balancer: {policy: precise_prefix}
+            endpoints:
+              - {kind: sim, replicas: 2, options: {ttft_ms: 0, tokens_per_s: 0, prefill_tokens_per_s: 0}}
+        """
+    )
+    path = tmp_path / "deployment.yaml"
+    path.write_text(text)
+    plugins = load_plugins()
+    gateway = Gateway(load_deployment(str(path), plugins), plugins)
+    await gateway.start()
+    try:
+        pool = gateway.pools["m"]
+        assert [f.name for f in gateway.state.kv_events.feeds["m"]] == ["m-0", "m-1"]
+        target = pool.endpoints[1]
+        await target.backend.run_seq(Seq("s", SHARED, 2))  # type: ignore[attr-defined]
+        index = pool.balancer.kv_index()  # type: ignore[attr-defined]
+        assert index.blocks(target.index) == 32
+        assert pool.balancer.pick(_req([*SHARED, 1]), pool.endpoints) is target
+        path.write_text(text.replace("replicas: 2", "replicas: 2, weight: 2"))
+        await gateway.operations.reload()
+        again = gateway.pools["m"]
+        assert again.balancer is not pool.balancer and len(gateway.state.kv_events.feeds["m"]) == 2
+        await again.endpoints[0].backend.run_seq(Seq("t", list(range(64)), 2))  # type: ignore[attr-defined]
+        assert again.balancer.kv_index().blocks(again.endpoints[0].index) == 4  # type: ignore[attr-defined]
+        assert index.blocks(again.endpoints[0].index) == 0  # the old index is fed no more
+    finally:
+        await gateway.stop()
