@@ -30,6 +30,7 @@ from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome, Principal
 from shuniu.plugins.balancers.least_load import LeastLoad, LoadScorer
 from shuniu.plugins.balancers.least_requests import LeastRequests
 from shuniu.plugins.balancers.power_of_two import PowerOfTwo
+from shuniu.plugins.balancers.precise_prefix import PrecisePrefix
 from shuniu.plugins.balancers.prefix_affinity import PrefixAffinity, PrefixScorer
 from shuniu.plugins.balancers.random_pick import RandomPick
 from shuniu.plugins.balancers.round_robin import RoundRobin
@@ -47,6 +48,7 @@ BALANCERS: dict[str, Any] = {
     "least_load": LeastLoad,
     "session_affinity": SessionAffinity,
     "prefix_affinity": PrefixAffinity,
+    "precise_prefix": PrecisePrefix,
     "prefix+load (composed)": lambda: Composite([], [(PrefixScorer(), 0.6), (LoadScorer(), 0.4)]),
 }
 

@@ -89,7 +89,10 @@ def test_unknown_field_inside_a_model_lists_accepted_keys(plugins: PluginManager
         plugins, "models:\n  chat:\n    endpoints:\n      - kind: sim\n        replica: 2\n"
     )
     assert problem.path == "models.chat.endpoints[0].replica"
-    expected = "expected one of: discovery, kind, labels, launch, max_concurrency, name, options, replicas"
+    expected = (
+        "expected one of: discovery, kind, kv_events, labels, launch, max_concurrency, name, "
+        "options, replicas"
+    )
     assert expected in problem.message
 
 

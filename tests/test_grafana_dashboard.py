@@ -90,6 +90,10 @@ models:
       - kind: sim
         max_concurrency: 1
         options: {{ttft_ms: 0, tokens_per_s: 50}}
+  precise:
+    balancer: {{policy: precise_prefix}}
+    health: {{interval_s: 0.05}}
+    endpoints: [{{kind: sim, options: {{ttft_ms: 0, tokens_per_s: 0}}}}]
 """
 
 

@@ -153,7 +153,8 @@ def place(
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
     ``req.expected_cached`` to what the chosen endpoint holds."""
     ids = req.token_ids if req.token_ids is not None else req.prompt_ids
-    units = len(ids) if ids is not None else len(req.prompt.encode())
+    # Text blocks are bytes; characters are close enough for a token estimate, and free.
+    units = len(ids) if ids is not None else len(req.prompt)
     block = block_tokens if ids is not None else block_chars
     per_block = req.prompt_tokens * block / units if units else 0.0
     chosen, cached = cheapest(

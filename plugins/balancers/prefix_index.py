@@ -117,10 +117,10 @@ def _per_endpoint(
 
 
 def _loop_time() -> float:
-    try:
-        return asyncio.get_running_loop().time()  # virtual in ``shuniu simulate``
-    except RuntimeError:
-        return time.monotonic()
+    # The running loop's clock (virtual in ``shuniu simulate``); asking for it this way
+    # costs no exception when there is none (a balancer used outside a loop).
+    loop = asyncio.events._get_running_loop()
+    return loop.time() if loop is not None else time.monotonic()
 
 
 class AgingPrefixIndex:
@@ -171,9 +171,10 @@ class AgingPrefixIndex:
         """As :meth:`PrefixIndex.match_sparse`, the deeper of the two generations' matches."""
         self._age()
         depths = self.new.match_sparse(hashes, alive)
-        for i, d in self.old.match_sparse(hashes, alive).items():
-            if d > depths.get(i, 0):
-                depths[i] = d
+        if len(self.old):
+            for i, d in self.old.match_sparse(hashes, alive).items():
+                if d > depths.get(i, 0):
+                    depths[i] = d
         return depths
 
     def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
