@@ -190,11 +190,11 @@ async def test_zmq_subscriber_follows_a_publisher_and_replays_fill_what_it_misse
     index = KvBlockIndex()
     feed = KvEventFeed(index, 0, "engine-0")
     sub = ZmqSubscriber(feed, f"tcp://127.0.0.1:{pub_port}", topic="kv-events", replay_endpoint=replay)
-    await sub.start()
     blocks = [[k] * 4 for k in range(4)]
+    # Sent before there is any subscriber: only a replay can bring it.
+    publisher.publish(EventBatch(0.0, [_stored([0], None, blocks[0])]))
+    await sub.start()
     try:
-        # Sent before the subscription is up (ZMQ's slow joiner): only a replay brings it.
-        publisher.publish(EventBatch(0.0, [_stored([0], None, blocks[0])]))
         deadline = time.monotonic() + 10
         while sub.received == 0:
             assert time.monotonic() < deadline, "nothing arrived"
