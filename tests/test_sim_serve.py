@@ -300,6 +300,14 @@ def test_flags_problems_are_reported_without_a_traceback() -> None:
     )
     assert r.returncode == 2 and "--block-size" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+    r = subprocess.run(
+        sim_serve_command("--port", "0", "--tokenizer", "/no/such/tokenizer"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--tokenizer: " in r.stderr and "/no/such/tokenizer" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
 
 
 def test_profiles_serve_under_the_model_name() -> None:

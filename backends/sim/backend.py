@@ -59,6 +59,10 @@ def _seed(prompt: str, seed: int | None) -> int:
 class SimBackend(BackendBase):
     kind: ClassVar[str] = "sim"
     serves: frozenset[str] = frozenset({"chat", "completions", "embeddings", "rerank"})
+    takes_prompt_ids: ClassVar[bool] = True
+    """With a model ``tokenizer:``, the pool keeps the prompt's token ids on the request
+    (``prompt_ids``) and the engine caches and publishes blocks of those, as vLLM would of
+    the same tokenizer's ids."""
 
     def __init__(self, spec: EndpointSpec) -> None:
         self.options = spec.options if isinstance(spec.options, SimOptions) else SimOptions()
@@ -186,8 +190,9 @@ class SimBackend(BackendBase):
         # Token ids stand for the prompt's tokens so equal prompts share KV blocks; as many
         # as the request counts (the chat template's markers at the end, or fewer when a
         # model's own tokenizer counted), so the engine's counters agree with its usage.
-        if req.token_ids is not None:
-            prompt_ids = [t & 0x7FFFFFFF for t in req.token_ids]
+        ids = req.token_ids if req.token_ids is not None else req.prompt_ids
+        if ids is not None:
+            prompt_ids = [t & 0x7FFFFFFF for t in ids]
         else:
             prompt_ids = [hash(t) & 0x7FFFFFFF for t in split_tokens(req.prompt)]
         wanted = req.prompt_tokens

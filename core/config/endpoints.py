@@ -95,7 +95,9 @@ class LaunchConfig(_Strict):
     The command and the environment values may use the placeholders ``{port}``, ``{host}``,
     ``{replica}`` (0, 1, ...), ``{name}`` (the endpoint's name) and ``{model}`` (the model's
     name). The backend's ``base_url`` is derived from ``host`` and the replica's port when
-    the entry's ``options`` leave it out."""
+    the entry's ``options`` leave it out. With the entry's ``kv_events:``, a command that does
+    not pass ``--kv-events-config`` itself gets one (vLLM's and SGLang's JSON) telling each
+    replica to publish where the gateway subscribes."""
 
     command: list[_Arg] = Field(json_schema_extra={"minItems": 1})
     """The program and its arguments (no shell), e.g. ``[vllm, serve, /models/x, --port,

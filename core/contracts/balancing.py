@@ -36,6 +36,14 @@ class Balancer(Protocol):
         when the deployment has ``fleet:`` (:class:`SharedIndex`). Default ``None``."""
         return None
 
+    @optional
+    def engine_lost(self, endpoint: EndpointView) -> None:
+        """Optional: ``endpoint``'s engine lost its KV cache (a launched engine's process
+        exited or stopped answering, and is being restarted). Called on the event loop, once
+        per loss, never per request; a balancer that remembers which prefixes each engine
+        holds forgets the endpoint's. The default does nothing."""
+        return None
+
 
 @runtime_checkable
 class Filter(Protocol):

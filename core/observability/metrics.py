@@ -300,10 +300,17 @@ def _kv_event_metrics(gw: StateView) -> Iterable[Metric]:
         "Uncached prompt tokens of this gateway's requests on the endpoint not answering yet.",
         ep,
     )
+    expected = CounterMetricFamily(
+        "shuniu_prefix_expected_hits",
+        "Prompt tokens the prefix balancer expected the endpoint's engine to find cached.",
+        labels=ep,
+    )
     for name, pool in gw.pools.items():
         for e in pool.endpoints:
             prefill.add_metric([name, e.name], e.prefill_tokens)
+            expected.add_metric([name, e.name], e.expected_hits)
     yield prefill
+    yield expected
     feeds = gw.kv_events.feeds
     if not feeds:
         return

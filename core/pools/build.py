@@ -133,7 +133,10 @@ class PoolBuilder:
                 if ep_cfg.launch is not None:
                     launch = ep_cfg.launch
                     port = launch.port + replica if launch.port else pick_port(launch.host, picked)
-                    plan = plan_engine(launch, model=model_name, name=ep_name, replica=replica, port=port)
+                    kv = ep_cfg.kv_events.for_replica(replica) if ep_cfg.kv_events is not None else None
+                    plan = plan_engine(
+                        launch, model=model_name, name=ep_name, replica=replica, port=port, kv_events=kv
+                    )
                     template = base_url_template(type(options)) if options is not None else None
                     if template is not None and "base_url" not in ep_cfg.options:
                         options = with_base_url(options, engine_url(template, launch.host, port))
@@ -175,8 +178,11 @@ class PoolBuilder:
             )
             pool = Pool(model_name, endpoints, balancer, scheduler, max_model_len=model.max_model_len)
             pool.counter = self.counter(model_name, model, pool)
-            if isinstance(pool.counter, LocalTokenizer) and hasattr(balancer, "kv_index"):
-                pool.counter = IdsCounter(pool.counter)  # its balancer matches token ids
+            takes_ids = any(getattr(e.backend, "takes_prompt_ids", False) for e in endpoints)
+            if isinstance(pool.counter, LocalTokenizer) and (hasattr(balancer, "kv_index") or takes_ids):
+                # Its balancer matches token ids, or an engine computes on them (the
+                # simulator): one encode keeps them on the request (prompt_ids).
+                pool.counter = IdsCounter(pool.counter)
             pool.accepts = frozenset(model.modalities) - {"text"}
             pool.serves = frozenset(model.serves) | ({"score"} if "rerank" in model.serves else set())
             pool.split_inputs = model.pooling.split_inputs
@@ -189,14 +195,14 @@ class PoolBuilder:
                 built.routes[alias] = pool
             for endpoint, plan in plans:
                 built.engines[endpoint.name] = ManagedEngine(
-                    plan, on_down=functools.partial(pool.set_healthy, endpoint, False)
+                    plan, on_down=functools.partial(pool.engine_down, endpoint)
                 )
             if reuse is not None:
                 for endpoint in endpoints:
                     engine = built.engines.get(endpoint.name)
                     if engine is not None and engine.plan is not None:
                         # A kept engine reports going down to its new pool.
-                        engine.on_down = functools.partial(pool.set_healthy, endpoint, False)
+                        engine.on_down = functools.partial(pool.engine_down, endpoint)
         return built
 
     def counter(self, model_name: str, model: ModelConfig, pool: Pool) -> PromptCounter | None:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import ctypes
 import enum
+import json
 import logging
 import os
 import shlex
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from shuniu.core.config import LaunchConfig
+from shuniu.core.config import KvEventsConfig, LaunchConfig
 
 __all__ = [
     "BASE_URL_TEMPLATE",
@@ -175,17 +176,54 @@ class EnginePlan:
     config: LaunchConfig = field(repr=False)
 
 
-def plan_engine(cfg: LaunchConfig, *, model: str, name: str, replica: int, port: int) -> EnginePlan:
-    """Fill in the placeholders of ``cfg`` for one replica listening on ``port``."""
+KV_EVENTS_FLAG = "--kv-events-config"
+
+
+def kv_events_argument(kv: KvEventsConfig) -> str:
+    """The ``--kv-events-config`` JSON (vLLM's, also SGLang's) that makes an engine publish
+    where the gateway subscribes (``kv``: the replica's addresses, as the gateway uses them):
+    it binds the port the gateway connects to, or connects to the address the gateway binds."""
+
+    def bound(address: str) -> str:
+        port = address.rpartition(":")[2]
+        return f"tcp://*:{port}" if address.startswith("tcp://") else address
+
+    config: dict[str, Any] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": kv.endpoint if kv.bind else bound(kv.endpoint),
+        "topic": kv.topic,
+    }
+    if kv.replay_endpoint is not None:
+        config["replay_endpoint"] = bound(kv.replay_endpoint)
+    return json.dumps(config)
+
+
+def plan_engine(
+    cfg: LaunchConfig,
+    *,
+    model: str,
+    name: str,
+    replica: int,
+    port: int,
+    kv_events: KvEventsConfig | None = None,
+) -> EnginePlan:
+    """Fill in the placeholders of ``cfg`` for one replica listening on ``port``; with
+    ``kv_events`` (the replica's addresses) and a command that does not set
+    ``--kv-events-config`` itself, the engine is told to publish there."""
     values = {"host": cfg.host, "port": port, "replica": replica, "name": name, "model": model}
     log_path = Path(cfg.log_dir).absolute() / f"{name}.log" if cfg.log_dir is not None else None
+    argv = [arg.format_map(values) for arg in cfg.command]
+    told = any(a == KV_EVENTS_FLAG or a.startswith(KV_EVENTS_FLAG + "=") for a in argv)
+    if kv_events is not None and not told:
+        argv += [KV_EVENTS_FLAG, kv_events_argument(kv_events)]
     return EnginePlan(
         name=name,
         model=model,
         replica=replica,
         host=cfg.host,
         port=port,
-        argv=[arg.format_map(values) for arg in cfg.command],
+        argv=argv,
         env={key: value.format_map(values) for key, value in cfg.env.items()},
         cwd=cfg.cwd,
         log_path=log_path,

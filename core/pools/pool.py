@@ -41,6 +41,7 @@ class EndpointState:
         "ejected_until",
         "ejections",
         "errors",
+        "expected_hits",
         "failures_in_row",
         "healthy",
         "in_flight",
@@ -93,6 +94,9 @@ class EndpointState:
         """Prompt + expected output tokens of the requests dispatched and not yet finished."""
         self.prefill_tokens = 0
         """Uncached prompt tokens of those requests not yet answering (see EndpointView)."""
+        self.expected_hits = 0
+        """Prompt tokens of the requests dispatched here that the balancer expected the
+        engine's prefix cache to hold (``InferenceRequest.expected_cached``), in all."""
         self.kv_events: KvEventsConfig | None = None
         """Where the engine publishes its KV-cache events (``kv_events:``), if it does."""
         self.remote_in_flight = 0
@@ -244,7 +248,10 @@ class Pool:
         endpoint.in_flight_tokens += cost
         self.dispatched += 1
         ticket = Ticket(req, self, endpoint, now, cost)
-        prefill = req.prompt_tokens - req.expected_cached
+        expected = req.expected_cached
+        if expected:
+            endpoint.expected_hits += expected
+        prefill = req.prompt_tokens - expected
         if prefill > 0:
             ticket.prefill = prefill
             endpoint.prefill_tokens += prefill
@@ -280,6 +287,15 @@ class Pool:
         if self.max_model_len is None:
             lens = [e.backend.max_model_len for e in self.endpoints if e.backend.max_model_len]
             self.max_model_len = min(lens) if lens else None
+
+    def engine_down(self, endpoint: EndpointState) -> None:
+        """The endpoint's engine stopped serving (a launched engine exited, hung or failed
+        to start): out of balancing, and whatever its KV cache held is gone, so a balancer
+        that remembers it forgets it (``Balancer.engine_lost``)."""
+        self.set_healthy(endpoint, False)
+        lost = getattr(self.balancer, "engine_lost", None)
+        if lost is not None:
+            lost(endpoint)
 
     def set_healthy(self, endpoint: EndpointState, healthy: bool) -> None:
         endpoint.healthy = healthy

@@ -157,6 +157,13 @@ def place(
     units = len(ids) if ids is not None else len(req.prompt)
     block = block_tokens if ids is not None else block_chars
     per_block = req.prompt_tokens * block / units if units else 0.0
+    # An engine computes a prompt's last token even when every block of it is cached (it
+    # needs that token's logits): vLLM and the simulator reuse at most (units - 1) // block
+    # blocks, so a prompt that ends on a block boundary expects one block less.
+    usable = (units - 1) // block if units else 0
+    for i, d in depths.items():
+        if d > usable:
+            depths[i] = usable
     chosen, cached = cheapest(
         req,
         endpoints,
@@ -193,6 +200,11 @@ class PrecisePrefix(Balancer):
     def kv_index(self) -> KvBlockIndex:
         """The index the endpoints' KV events feed (the gateway wires them at start)."""
         return self.index
+
+    def engine_lost(self, endpoint: EndpointView) -> None:
+        # At once, not at the restarted engine's first event batch (which clears it too):
+        # requests meanwhile would be sent to a cache that is gone.
+        self.index.clear(endpoint.index)
 
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         if not endpoints:

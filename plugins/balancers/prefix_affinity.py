@@ -115,6 +115,9 @@ class PrefixAffinity(Balancer):
     def shared_index(self) -> AgingPrefixIndex:
         return self.index
 
+    def engine_lost(self, endpoint: EndpointView) -> None:
+        self.index.forget(endpoint)
+
 
 class PrefixScorer(Scorer):
     """Scores each candidate by the share of the prompt's blocks it is known to hold (0..1)."""

@@ -50,20 +50,21 @@ def default_model_name(model: str | None) -> str:
     return base
 
 
-def deployment_for(served: list[str], options: dict[str, Any], *, host: str, port: int) -> dict[str, Any]:
+def deployment_for(
+    served: list[str], options: dict[str, Any], *, host: str, port: int, tokenizer: str | None = None
+) -> dict[str, Any]:
     """The one-model deployment ``sim serve`` runs: the first served name is the model,
-    the others are aliases; one ``sim`` endpoint with ``options``; no gateway-side limits."""
+    the others are aliases; one ``sim`` endpoint with ``options``; no gateway-side limits;
+    ``tokenizer``: the model's tokenizer, whose token ids the engine then computes on."""
     name, *aliases = served
-    return {
-        "gateway": {"host": host, "port": port, "graceful_shutdown_s": 5},
-        "models": {
-            name: {
-                "aliases": aliases,
-                "owned_by": "vllm",
-                "endpoints": [{"kind": "sim", "name": "engine-0", "max_concurrency": 0, "options": options}],
-            }
-        },
+    model: dict[str, Any] = {
+        "aliases": aliases,
+        "owned_by": "vllm",
+        "endpoints": [{"kind": "sim", "name": "engine-0", "max_concurrency": 0, "options": options}],
     }
+    if tokenizer is not None:
+        model["tokenizer"] = tokenizer
+    return {"gateway": {"host": host, "port": port, "graceful_shutdown_s": 5}, "models": {name: model}}
 
 
 class _FinishTally:
@@ -97,7 +98,12 @@ class _FinishTally:
 
 
 def build_server(
-    served: list[str], options: dict[str, Any], *, host: str = "127.0.0.1", port: int = 0
+    served: list[str],
+    options: dict[str, Any],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tokenizer: str | None = None,
 ) -> tuple[Any, Any, str]:
     """(gateway, the engine's backend, model name): a gateway serving one simulated engine
     plus ``/metrics``. Raises :class:`ConfigError` for bad options or profiles."""
@@ -107,7 +113,7 @@ def build_server(
     from shuniu.core.plugin_manager import load_plugins
 
     plugins = load_plugins()
-    data = deployment_for(served, options, host=host, port=port)
+    data = deployment_for(served, options, host=host, port=port, tokenizer=tokenizer)
     # load_deployment reads text; JSON is YAML, and keeps every name and value as given.
     resolved = load_deployment(_SOURCE, plugins, text=json.dumps(data))
     model_name = served[0]
@@ -204,6 +210,8 @@ def _report(exc: ConfigError) -> None:
             # The deployment is built from the flags: name the flag, not the deployment path.
             field = path.rsplit(".options", 1)[1].lstrip(".")
             where = f"--{field.replace('_', '-')}: " if field else ""
+        elif exc.source == _SOURCE and path.endswith(".tokenizer"):
+            where = "--tokenizer: "
         elif exc.source == _SOURCE:
             where = "--served-model-name: " if path.startswith("models") else ""
         elif problem.line is not None:
@@ -227,6 +235,13 @@ def _report(exc: ConfigError) -> None:
     multiple=True,
     help="Name clients use (repeat for aliases; the first is reported in metrics). "
     "Default: the model profile's name, or 'sim'.",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="The model's tokenizer.json or model directory (needs shuniu[tokenizers]): prompts are "
+    "tokenized with it and its chat template, as vLLM would, so the engine caches and publishes "
+    "blocks of the same token ids (default: word-sized pseudo tokens).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Listen port (0 = a free port).")
@@ -269,6 +284,7 @@ def serve_command(
     model: str | None,
     tensor_parallel_size: int | None,
     served_model_name: tuple[str, ...],
+    tokenizer: str | None,
     host: str,
     port: int,
     max_num_seqs: int | None,
@@ -314,7 +330,7 @@ def serve_command(
     served = list(served_model_name) or [default_model_name(model)]
     try:
         events = kv_events_publisher(kv_events_config)
-        gateway, backend, name = build_server(served, options, host=host, port=port)
+        gateway, backend, name = build_server(served, options, host=host, port=port, tokenizer=tokenizer)
     except ConfigError as exc:
         _report(exc)
         sys.exit(2)
