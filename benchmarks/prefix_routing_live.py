@@ -56,6 +56,7 @@ from harness import (  # noqa: E402
     failed,
     free_port,
     handle_signals,
+    machine_ticks,
     proc_cpu_s,
     shuniu_command,
     wait_http_ok,
@@ -176,9 +177,8 @@ def start_router(
         return child
     path = logs / "deployment.yaml"
     path.write_text(deployment(policy, engines, tokenizer))
-    child = children.start(
-        "shuniu", [*shuniu_command(), "serve", str(path), "--port", "0"], logs / "router.log"
-    )
+    cmd = [*shuniu_command(), "serve", str(path), "--port", "0"]
+    child = children.start("shuniu", cmd, logs / "router.log")
     wait_serving(child, 60)
     wait_http_ok(child, f"{child.url}/ready", 60)  # every endpoint probed healthy
     return child
@@ -195,7 +195,7 @@ def run_one(
     logs = RESULTS / "prefix_routing_live" / f"{policy}-x{load:g}"
     logs.mkdir(parents=True, exist_ok=True)
     with Children() as children:
-        _, engines = start_engines(children, tokenizer, logs)
+        engine_children, engines = start_engines(children, tokenizer, logs)
         router = start_router(children, policy, engines, tokenizer, logs, sglang)
         out = logs / "bench.json"
         cmd = [
@@ -205,9 +205,19 @@ def run_one(
             "--timeout", "120", "--json", str(out), "--quiet",
         ]  # fmt: skip
         cpu0 = proc_cpu_s(router.pid)
+        engines_cpu0 = sum(proc_cpu_s(c.pid) for c in engine_children)
+        ticks0 = machine_ticks()
         bench = children.start("bench", cmd, logs / "bench.log")
+        if args.profile and policy in SHUNIU_POLICIES:
+            # The gateway's collapsed stacks over the run, for a flame graph (py-spy, PyPI).
+            spy = str(Path(sys.executable).with_name("py-spy"))
+            record = [spy, "record", "-p", str(router.pid), "-d", f"{args.duration:.0f}", "-r", "200",
+                      "-f", "raw", "-o", str(logs / "profile.txt")]  # fmt: skip
+            children.start("py-spy", record, logs / "py-spy.log")
         code = children.wait(bench, args.duration + 300)
         router_cpu = proc_cpu_s(router.pid) - cpu0
+        engines_cpu = sum(proc_cpu_s(c.pid) for c in engine_children) - engines_cpu0
+        ticks1 = machine_ticks()
         if code != 0:
             raise RuntimeError(f"shuniu bench exited with {code}:\n{bench.log_tail()}")
         queries = hits = 0
@@ -228,12 +238,15 @@ def run_one(
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "goodput": s["goodput"]["share"] if s["goodput"] else None,
         "router_cpu_ms_per_request": 1000 * router_cpu / done if done else None,
+        "engines_cpu_ms_per_request": 1000 * engines_cpu / done if done else None,
+        "machine_busy": (ticks1.busy - ticks0.busy) / (ticks1.total - ticks0.total),
         "client_bottleneck": s["client"]["bottleneck"],
     }
     row["slo_met"] = row["ttft_p99_s"] <= SLO_TTFT_S and row["failed"] == 0
     say(
         f"{policy} x{load:g}: TTFT p50 {row['ttft_p50_s']:.2f} s p99 {row['ttft_p99_s']:.2f} s, "
-        f"hits {row['prefix_hit_rate']:.1%}, goodput {row['goodput']:.1%}"
+        f"hits {row['prefix_hit_rate']:.1%}, goodput {row['goodput']:.1%}; "
+        f"machine {row['machine_busy']:.0%} busy"
     )
     return row
 
@@ -245,6 +258,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=90.0, help="Seconds of load per run.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sglang-router", default=None, help="The sglang-router program.")
+    ap.add_argument("--profile", action="store_true", help="Record shuniu under py-spy (profile.txt).")
     ap.add_argument("--out", type=Path, default=RESULTS / "prefix_routing_live.json")
     args = ap.parse_args()
     handle_signals()

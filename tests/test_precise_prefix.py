@@ -126,6 +126,33 @@ def test_the_pool_counts_the_hits_it_expected_per_endpoint() -> None:
     assert (eps[0].expected_hits, eps[1].expected_hits) == (0, 3 * 512)
 
 
+def test_a_cached_request_waits_on_its_engine_past_the_adaptive_limit_not_cold_elsewhere() -> None:
+    eps = _endpoints(2)
+    bal = PrecisePrefix()
+    _holds(bal.kv_index(), 0, SHARED)
+    pool = Pool("m", eps, bal, object())  # type: ignore[arg-type]
+    eps[0].limit, eps[0].in_flight = 4, 4  # the adaptive limit binds: no free slot there
+    hot = pool.try_dispatch(_req([*SHARED, 1]), 0.0)
+    assert isinstance(hot, Ticket) and hot.endpoint is eps[0] and eps[0].in_flight == 5
+    cold = pool.try_dispatch(_req(list(range(7000, 7300))), 0.0)
+    assert isinstance(cold, Ticket) and cold.endpoint is eps[1]  # nothing cached: not past a limit
+    # Each request sent past the limit makes the next wait longer: past a cold prefill's cost
+    # plus the slack, the next one goes to the free engine after all.
+    sent = [pool.try_dispatch(_req([*SHARED, k]), 0.0) for k in range(2, 12)]
+    where = [t.endpoint.name for t in sent if isinstance(t, Ticket)]
+    assert where[0] == "e0" and where[-1] == "e1"
+    # All at their limit: a request no engine holds waits in the gateway; a cached one does not.
+    eps[1].limit, eps[1].in_flight = eps[1].in_flight, eps[1].in_flight
+    assert pool.try_dispatch(_req(list(range(8000, 8300))), 0.0) is None
+    eps[0].in_flight = eps[0].limit  # its overflow drained
+    assert isinstance(pool.try_dispatch(_req([*SHARED, 99]), 0.0), Ticket)
+    # max_concurrency is a hard limit: never past it.
+    eps[0].max_concurrency = eps[0].in_flight
+    eps[0].limit = eps[0].in_flight
+    capped = pool.try_dispatch(_req([*SHARED, 5]), 0.0)
+    assert capped is None or capped.endpoint is not eps[0]
+
+
 def test_an_engine_that_went_down_loses_its_entries_at_once() -> None:
     from shuniu.plugins.balancers.prefix_affinity import PrefixAffinity
 

@@ -23,7 +23,15 @@ __all__ = ["Balancer", "Filter", "Scorer"]
 
 @runtime_checkable
 class Balancer(Protocol):
-    """Picks one endpoint for a request. One instance per pool (``balancer.policy``)."""
+    """Picks one endpoint for a request. One instance per pool (``balancer.policy``).
+
+    A balancer class may set ``takes_full_endpoints = True``: it is then also offered the
+    endpoints at their *adaptive* concurrency limit (never those at ``max_concurrency``),
+    recognisable by ``in_flight + remote_in_flight >= limit``, and called even when only
+    those are left. It may pick one when waiting there is cheaper than any free endpoint
+    (the prefix balancers: the engine that holds the prompt, against a cold prefill
+    elsewhere); the request then waits in that engine's queue instead of the gateway's. With
+    no free endpoint and none worth waiting on, it returns ``None``."""
 
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         """Return one of ``endpoints`` (never empty), or ``None`` to let the request wait

@@ -132,6 +132,19 @@ class EndpointState:
             and (self.limit == 0 or self.in_flight + self.remote_in_flight < self.limit)
         )
 
+    def at_soft_limit(self) -> bool:
+        """In balancing and at its adaptive limit, but under ``max_concurrency`` (the hard
+        one): a balancer that takes full endpoints may still send a request here."""
+        busy = self.in_flight + self.remote_in_flight
+        return (
+            self.limit != 0
+            and busy >= self.limit
+            and (self.max_concurrency == 0 or busy < self.max_concurrency)
+            and self.healthy
+            and not self.ejected
+            and not self.draining
+        )
+
     def __repr__(self) -> str:
         return f"<EndpointState {self.name} in_flight={self.in_flight} healthy={self.healthy}>"
 
@@ -155,6 +168,7 @@ class Pool:
         "scheduler",
         "serves",
         "split_inputs",
+        "takes_full",
         "versions",
         "versions_key",
     )
@@ -174,6 +188,8 @@ class Pool:
         for i, endpoint in enumerate(endpoints):
             endpoint.index = i
         self.balancer = balancer
+        self.takes_full = bool(getattr(balancer, "takes_full_endpoints", False))
+        """Whether the balancer is also offered endpoints at their adaptive limit."""
         self.scheduler = scheduler
         self.max_model_len = max_model_len
         self.counter = counter
@@ -226,7 +242,8 @@ class Pool:
 
     def try_dispatch(self, req: InferenceRequest, now: float) -> Ticket | None:
         """Give ``req`` a slot on an endpoint the balancer picks, if one has a free slot
-        (and runs ``req.version``, when the request is pinned to one)."""
+        (and runs ``req.version``, when the request is pinned to one); a balancer with
+        ``takes_full_endpoints`` may also take one at its adaptive limit."""
         version = req.version
         tried = req.tried
         candidates = [
@@ -236,6 +253,18 @@ class Pool:
             and (version is None or e.version == version)
             and (tried is None or e.name not in tried)
         ]
+        if self.takes_full:
+            # A prefix balancer weighs waiting on the engine that holds the prompt against
+            # a cold prefill on a free one (the adaptive limit would send it to the latter).
+            full = [
+                e
+                for e in self.endpoints
+                if e.at_soft_limit()
+                and (version is None or e.version == version)
+                and (tried is None or e.name not in tried)
+            ]
+            if full:
+                candidates += full
         if not candidates:
             return None
         picked = self.balancer.pick(req, candidates)

@@ -2,7 +2,9 @@
 engine holds which of its blocks (from the engines' KV events), and without piling a pool onto
 one engine.
 
-Where it runs: as the pool's balancer, at dispatch, with the candidates that have a free slot.
+Where it runs: as the pool's balancer, at dispatch, with the candidates that have a free slot
+and those at their adaptive limit (``takes_full_endpoints``: one of those only for a cached
+prefix, when waiting there beats a cold prefill elsewhere).
 
 **What each engine holds** comes from the engines' own KV-cache events
 (:class:`~shuniu.core.kv_events.KvBlockIndex`; endpoints with ``kv_events:``, and the in-process
@@ -70,7 +72,7 @@ class PrecisePrefixOptions(Options):
     slack_tokens: float = Field(4096.0, ge=0)
     """Costs this close to the lowest count as equal; among them the longest cached prefix
     wins (estimates are rough, and gateways of a fleet see each other's work late)."""
-    balance_abs: float = Field(16.0, ge=0)
+    balance_abs: float = Field(32.0, ge=0)
     """Never choose an endpoint carrying more than this many requests above the least loaded
     candidate ..."""
     balance_rel: float = Field(2.0, ge=1)
@@ -93,7 +95,7 @@ def cheapest(
     slack: float,
     cold_weight: float = 1.0,
     start: int = 0,
-) -> tuple[EndpointView, int]:
+) -> tuple[EndpointView | None, int]:
     """The candidate where ``req``'s first token should come soonest (see the module), and the
     prompt tokens it holds; ``depths``: endpoint index → leading blocks it holds.
 
@@ -117,8 +119,25 @@ def cheapest(
         snap = e.load
         if snap is not None and snap.waiting and e.load_weight > 0.0:
             cost += waiting_cost * e.load_weight * snap.waiting
+        if e.limit:
+            over = e.in_flight + e.remote_in_flight - e.limit + 1
+            if over > 0:
+                # At its adaptive limit (offered only to stay on a cache): the request would
+                # wait in the engine's queue behind the others sent past the limit.
+                if not cached:
+                    continue
+                cost += waiting_cost * over
         costs[i] = cost
-    limit = min(costs) + slack
+    lowest = min(costs)
+    if lowest == math.inf:
+        # Every endpoint under the bound is full and holds nothing of the prompt: the least
+        # loaded free one, or none (the request waits in the gateway).
+        free = [i for i, e in enumerate(endpoints) if not _full(e)]
+        if not free:
+            return None, 0
+        best = min(free, key=loads.__getitem__)
+        return endpoints[best], held[best]
+    limit = lowest + slack
     best = -1
     for k in range(n):
         i = (start + k) % n
@@ -127,6 +146,11 @@ def cheapest(
         if best < 0 or held[i] > held[best] or (held[i] == held[best] and loads[i] < loads[best]):
             best = i
     return endpoints[best], held[best]
+
+
+def _full(e: EndpointView) -> bool:
+    """At its (adaptive) concurrency limit: offered only to stay on a cached prefix."""
+    return bool(e.limit) and e.in_flight + e.remote_in_flight >= e.limit
 
 
 class CostSettings(Protocol):
@@ -148,7 +172,7 @@ def place(
     o: CostSettings,
     bound: LoadWeights,
     turn: int,
-) -> EndpointView:
+) -> EndpointView | None:
     """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
     ``req.expected_cached`` to what the chosen endpoint holds."""
@@ -185,6 +209,7 @@ class PrecisePrefix(Balancer):
     """Soonest first token, from an exact index of the engines' blocks."""
 
     __slots__ = ("_turn", "bound_weights", "index", "options", "recent")
+    takes_full_endpoints = True
 
     def __init__(self, options: PrecisePrefixOptions | None = None) -> None:
         self.options = o = options or PrecisePrefixOptions()
@@ -225,7 +250,8 @@ class PrecisePrefix(Balancer):
                         depths[i] = d
         chosen = place(req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn)
         self._turn += 1
-        self.recent.record(hashes, chosen)
+        if chosen is not None:
+            self.recent.record(hashes, chosen)
         return chosen
 
 

@@ -58,7 +58,7 @@ class PrefixOptions(Options):
 class PrefixAffinityOptions(PrefixOptions):
     """Prefix affinity, weighed by time to first token, within a load bound."""
 
-    balance_abs: float = Field(16.0, ge=0)
+    balance_abs: float = Field(32.0, ge=0)
     """Never choose an endpoint carrying more than this many requests above the least
     loaded candidate (in flight, plus the engine's queue and KV pressure as ``load`` weighs
     them, but not tokens: the cost weighs those) ..."""
@@ -83,6 +83,7 @@ class PrefixAffinity(Balancer):
     """Soonest first token, from the prefixes this gateway (and its fleet) dispatched."""
 
     __slots__ = ("_turn", "bound_weights", "index", "options")
+    takes_full_endpoints = True
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
         self.options = options or PrefixAffinityOptions()
@@ -109,7 +110,8 @@ class PrefixAffinity(Balancer):
             req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn
         )
         self._turn += 1
-        self.index.record(hashes, chosen)
+        if chosen is not None:
+            self.index.record(hashes, chosen)
         return chosen
 
     def shared_index(self) -> AgingPrefixIndex:
