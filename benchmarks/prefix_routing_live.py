@@ -24,7 +24,7 @@ Columns: TTFT p50/p99 seen by the client, the engines' own prefix-cache hit rate
 with TTFT <= 2 s and time per output token <= 200 ms, the workload's SLO, over those sent)
 and whether the run kept the workload's SLO (P99 TTFT <= 2 s).
 
-    python benchmarks/prefix_routing_live.py                         # ~25 min on 2 cores
+    python benchmarks/prefix_routing_live.py --loads 2,4,5          # ~30 min on 2 cores
     python benchmarks/prefix_routing_live.py --loads 2 --policies precise_prefix,sglang_cache_aware
 
 Writes benchmarks/results/prefix_routing_live.json (and each run's bench JSON and logs next to
@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -187,12 +188,13 @@ def start_router(
 def run_one(
     policy: str,
     load: float,
+    seed: int,
     args: argparse.Namespace,
     tokenizer: Path,
     sglang: str | None,
     say: Callable[[str], Any],
 ) -> dict[str, Any]:
-    logs = RESULTS / "prefix_routing_live" / f"{policy}-x{load:g}"
+    logs = RESULTS / "prefix_routing_live" / f"{policy}-x{load:g}-seed{seed}"
     logs.mkdir(parents=True, exist_ok=True)
     with Children() as children:
         engine_children, engines = start_engines(children, tokenizer, logs)
@@ -200,7 +202,7 @@ def run_one(
         out = logs / "bench.json"
         cmd = [
             *shuniu_command(), "bench", f"{router.url}/v1", "-m", MODEL, "-w", str(WORKLOAD),
-            "--rate-scale", f"{load:g}", "--duration", f"{args.duration:g}", "--seed", str(args.seed),
+            "--rate-scale", f"{load:g}", "--duration", f"{args.duration:g}", "--seed", str(seed),
             "--ignore-eos", "--slo-ttft-ms", f"{SLO_TTFT_S * 1000:g}", "--slo-tpot-ms", f"{SLO_TPOT_MS:g}",
             "--timeout", "120", "--json", str(out), "--quiet",
         ]  # fmt: skip
@@ -230,6 +232,7 @@ def run_one(
     row = {
         "policy": policy,
         "load": load,
+        "seed": seed,
         "offered_rps": s["offered_rate"],
         "succeeded": done,
         "failed": s["requests"]["failed"],
@@ -244,19 +247,34 @@ def run_one(
     }
     row["slo_met"] = row["ttft_p99_s"] <= SLO_TTFT_S and row["failed"] == 0
     say(
-        f"{policy} x{load:g}: TTFT p50 {row['ttft_p50_s']:.2f} s p99 {row['ttft_p99_s']:.2f} s, "
+        f"{policy} x{load:g} seed {seed}: TTFT p50 {row['ttft_p50_s']:.2f} s p99 {row['ttft_p99_s']:.2f} s, "
         f"hits {row['prefix_hit_rate']:.1%}, goodput {row['goodput']:.1%}; "
         f"machine {row['machine_busy']:.0%} busy"
     )
     return row
 
 
+def med(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] or 0.0 for r in runs))
+
+
+def summarize(
+    rows: list[dict[str, Any]], policies: list[str]
+) -> list[tuple[float, str, list[dict[str, Any]]]]:
+    """(load, policy, its runs over the seeds), by load then policy."""
+    groups: dict[tuple[float, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["load"], r["policy"]), []).append(r)
+    keys = sorted(groups, key=lambda k: (k[0], policies.index(k[1])))
+    return [(load, policy, groups[(load, policy)]) for load, policy in keys]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--loads", default="1,2,3", help="Multiples of the workload's 10 requests/s.")
+    ap.add_argument("--loads", default="2,4,5", help="Multiples of the workload's 10 requests/s.")
     ap.add_argument("--duration", type=float, default=90.0, help="Seconds of load per run.")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="Traffic seeds (each load and router runs each).")
     ap.add_argument("--sglang-router", default=None, help="The sglang-router program.")
     ap.add_argument("--profile", action="store_true", help="Record shuniu under py-spy (profile.txt).")
     ap.add_argument("--out", type=Path, default=RESULTS / "prefix_routing_live.json")
@@ -272,35 +290,35 @@ def main() -> int:
     policies = args.policies.split(",")
     rows: list[dict[str, Any]] = []
     try:
-        for n, load in enumerate(float(x) for x in args.loads.split(",")):
-            # Alternate the order from one load to the next: the machine's speed drifts.
+        runs = [
+            (load, int(seed))
+            for load in (float(x) for x in args.loads.split(","))
+            for seed in args.seeds.split(",")
+        ]
+        for n, (load, seed) in enumerate(runs):
+            # Alternate the order from one round to the next: the machine's speed drifts.
             for policy in policies if n % 2 == 0 else policies[::-1]:
-                rows.append(run_one(policy, load, args, tokenizer, sglang, say))
+                rows.append(run_one(policy, load, seed, args, tokenizer, sglang, say))
                 write_json(
                     args.out,
                     {"rows": rows, "started": time.time(), "args": vars(args) | {"out": str(args.out)}},
                 )
     except (KeyboardInterrupt, RuntimeError) as exc:
         return failed(say, exc)
-    table = Table(title="Prefix routing in front of 4 shuniu sim serve engines (real time)")
-    for col in (
-        "policy",
-        "load",
-        "req/s",
-        "TTFT p50",
-        "TTFT p99",
-        "prefix hits",
-        "goodput",
-        "SLO",
-        "router CPU/req",
-    ):
+    table = Table(
+        title="Prefix routing in front of 4 shuniu sim serve engines (real time; medians over seeds)"
+    )
+    cols = ("policy", "load", "req/s", "TTFT p50", "TTFT p99", "worst p99", "prefix hits", "goodput",
+            "SLO kept", "router CPU/req")  # fmt: skip
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
-    for r in sorted(rows, key=lambda r: (r["load"], policies.index(r["policy"]))):
-        cpu = r["router_cpu_ms_per_request"]
+    for load, policy, runs in summarize(rows, policies):
         table.add_row(
-            r["policy"], f"x{r['load']:g}", f"{r['offered_rps']:.1f}", f"{r['ttft_p50_s']:.2f} s",
-            f"{r['ttft_p99_s']:.2f} s", f"{r['prefix_hit_rate']:.1%}", f"{(r['goodput'] or 0):.1%}",
-            "kept" if r["slo_met"] else "missed", f"{cpu:.2f} ms" if cpu is not None else "",
+            policy, f"x{load:g}", f"{med(runs, 'offered_rps'):.1f}", f"{med(runs, 'ttft_p50_s'):.3f} s",
+            f"{med(runs, 'ttft_p99_s'):.2f} s", f"{max(r['ttft_p99_s'] for r in runs):.2f} s",
+            f"{med(runs, 'prefix_hit_rate'):.2%}", f"{med(runs, 'goodput'):.1%}",
+            f"{sum(r['slo_met'] for r in runs)}/{len(runs)}",
+            f"{med(runs, 'router_cpu_ms_per_request'):.1f} ms",
         )  # fmt: skip
     console.print(table)
     if any(r["client_bottleneck"] for r in rows):

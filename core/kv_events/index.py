@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 
 from shuniu.core.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from shuniu.core.pools.prefix import match_depths
@@ -121,7 +122,7 @@ class KvBlockIndex:
                 table.move_to_end(h)
         self.blocks_stored += len(ev.block_hashes)
         if len(keys) > self.max_blocks:
-            old = list(keys)[: len(keys) - self.max_blocks]
+            old = list(islice(keys, len(keys) - self.max_blocks))  # the oldest, not a copy of all
             self._removed(endpoint, old)
         # Over the bound, forget the least recently stored keys; the endpoints' maps keep
         # their engine hashes until a BlockRemoved (or their own bound) finds no key to clear.
