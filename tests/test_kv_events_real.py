@@ -40,8 +40,8 @@ import pytest
 
 from tests.conftest import GatewayProcess, start_gateway, wait_until
 from tests.kv_exactness import Cluster, exactness_scenario, system_prompt, table
-from tests.test_launcher_real import _tails
-from tests.test_vllm_real import MODEL_DIR, PYTHON, _ensure_model, real_vllm_marks
+from tests.test_launcher_real import _tails, vllm_launch
+from tests.test_vllm_real import MODEL_DIR, _ensure_model, real_vllm_marks
 
 pytestmark = real_vllm_marks("launches two real vLLM servers with KV events (~2 min, ~5 GB RAM)", 1200)
 
@@ -77,20 +77,6 @@ def _free_runs(count: int, width: int) -> list[int]:
 
 
 def _deployment(http: int, kv: int, replay: int, logs: Path) -> str:
-    command = [
-        str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-        "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
-        "--enforce-eager", "--enable-prefix-caching", "--block-size", str(BLOCK),
-        "--host", "{host}", "--port", "{port}",
-    ]  # fmt: skip
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # ~1 M tokens of this model: nothing is evicted here
-        "VLLM_CPU_OMP_THREADS_BIND": "{replica}",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
     return f"""
 gateway: {{graceful_shutdown_s: 30}}
 models:
@@ -108,14 +94,7 @@ models:
           endpoint: tcp://127.0.0.1:{kv}
           replay_endpoint: tcp://127.0.0.1:{replay}
           topic: kv-events
-        launch:
-          command: {json.dumps(command)}
-          env: {json.dumps(env)}
-          port: {http}
-          ready_timeout_s: 600
-          stop_grace_s: 20
-          restart: {{backoff_s: 1}}
-          log_dir: {json.dumps(str(logs))}
+{vllm_launch(http, logs, "--block-size", str(BLOCK))}
 """
 
 

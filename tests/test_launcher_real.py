@@ -64,20 +64,34 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def _deployment(port: int, logs: Path) -> str:
+def vllm_launch(port: int, logs: Path, *args: str) -> str:
+    """The ``launch:`` block (indented under an endpoint entry) of vLLM servers of the tiny
+    model on ports ``port``, ``port + 1``, ..., each worker pinned to its own core; ``args``:
+    more vLLM flags."""
     command = [
         str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
         "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
-        "--enforce-eager", "--enable-prefix-caching", "--host", "{host}", "--port", "{port}",
+        "--enforce-eager", "--enable-prefix-caching", *args, "--host", "{host}", "--port", "{port}",
     ]  # fmt: skip
     env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: ~1 M tokens of this model
         "VLLM_CPU_OMP_THREADS_BIND": "{replica}",  # one core each on a 2-core machine
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    return f"""        launch:
+          command: {json.dumps(command)}
+          env: {json.dumps(env)}
+          port: {port}
+          ready_timeout_s: 600
+          stop_grace_s: 20
+          restart: {{backoff_s: 1}}
+          log_dir: {json.dumps(str(logs))}"""
+
+
+def _deployment(port: int, logs: Path) -> str:
     # A loaded 2-core machine answers probes slowly: generous probe timeouts.
     probes = "health: {interval_s: 0.5, timeout_s: 10, unhealthy_after: 3}\n    load: {interval_s: 0.25}"
     return f"""
@@ -91,14 +105,7 @@ models:
         replicas: 2
         max_concurrency: {MAX_CONCURRENCY}
         options: {{probe_timeout_s: 10}}
-        launch:
-          command: {json.dumps(command)}
-          env: {json.dumps(env)}
-          port: {port}
-          ready_timeout_s: 600
-          stop_grace_s: 20
-          restart: {{backoff_s: 1}}
-          log_dir: {json.dumps(str(logs))}
+{vllm_launch(port, logs)}
   chat-rr:
     {probes}
     balancer: {{policy: round_robin}}

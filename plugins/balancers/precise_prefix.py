@@ -119,20 +119,19 @@ def cheapest(
         snap = e.load
         if snap is not None and snap.waiting and e.load_weight > 0.0:
             cost += waiting_cost * e.load_weight * snap.waiting
-        if e.limit:
-            over = e.in_flight + e.remote_in_flight - e.limit + 1
-            if over > 0:
-                # At its adaptive limit (offered only to stay on a cache): the request would
-                # wait in the engine's queue behind the others sent past the limit.
-                if not cached:
-                    continue
-                cost += waiting_cost * over
+        over = _past_limit(e)
+        if over > 0:
+            # At its adaptive limit (offered only to stay on a cache): the request would wait
+            # in the engine's queue behind the others sent past the limit.
+            if not cached:
+                continue
+            cost += waiting_cost * over
         costs[i] = cost
     lowest = min(costs)
     if lowest == math.inf:
         # Every endpoint under the bound is full and holds nothing of the prompt: the least
         # loaded free one, or none (the request waits in the gateway).
-        free = [i for i, e in enumerate(endpoints) if not _full(e)]
+        free = [i for i, e in enumerate(endpoints) if _past_limit(e) <= 0]
         if not free:
             return None, 0
         best = min(free, key=loads.__getitem__)
@@ -148,9 +147,10 @@ def cheapest(
     return endpoints[best], held[best]
 
 
-def _full(e: EndpointView) -> bool:
-    """At its (adaptive) concurrency limit: offered only to stay on a cached prefix."""
-    return bool(e.limit) and e.in_flight + e.remote_in_flight >= e.limit
+def _past_limit(e: EndpointView) -> int:
+    """How many requests one more would put ``e`` past its concurrency limit (> 0: it is at
+    its adaptive limit, offered only to stay on a cached prefix)."""
+    return e.in_flight + e.remote_in_flight - e.limit + 1 if e.limit else 0
 
 
 class CostSettings(Protocol):
