@@ -57,6 +57,7 @@ from harness import (
     from_tests,
     handle_signals,
     rss_mib,
+    run_loadgen,
     shuniu_command,
     start_redis,
     wait_serving,
@@ -79,7 +80,6 @@ from shuniu.plugins.auth.api_keys import hash_key, new_key
 
 HERE = Path(__file__).resolve().parent
 UPSTREAM = HERE / "instant_upstream.py"
-LOADGEN = HERE / "loadgen.py"
 MODEL = "bench"
 
 # Targets (benchmarks/README.md, "Reference numbers").
@@ -257,24 +257,14 @@ class Runner:
 
     def loadgen(self, label: str, expected_s: float, args: list[str]) -> dict[str, Any]:
         """Run loadgen.py in its own process; show its progress by time."""
-        cmd = [sys.executable, str(LOADGEN), *args, "--json"]
         self.progress.update(self.phase, description=label, total=expected_s, completed=0, visible=True)
-        out, err = self.tmpdir / "loadgen.out", self.tmpdir / "loadgen.err"
-        child = self.children.start(f"loadgen ({label})", cmd, out, err_log=err)
         t0 = time.monotonic()
 
         def tick() -> None:
             self.progress.update(self.phase, completed=min(expected_s, time.monotonic() - t0))
 
-        try:
-            status = self.children.wait(child, expected_s + 60, on_tick=tick)
-        finally:
-            self.children.stop(child)
-        if status != 0:
-            tail = err.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"loadgen ({label}) failed with {status}:\n{tail}")
+        result = run_loadgen(self.children, self.tmpdir, label, args, expected_s + 60, on_tick=tick)
         self.progress.update(self.phase, completed=expected_s)
-        result: dict[str, Any] = json.loads(out.read_text().strip().splitlines()[-1])
         if result.get("errors"):
             self.progress.console.print(f"[yellow]{label}: {result['errors']} errors[/]")
         return result

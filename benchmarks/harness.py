@@ -64,11 +64,13 @@ __all__ = [
     "proc_cpu_s",
     "procs_cpu_s",
     "rss_mib",
+    "run_loadgen",
     "set_nodelay",
     "shuniu_command",
     "start_redis",
     "start_vllm",
     "tiny_model",
+    "tree_pids",
     "wait_http_ok",
     "wait_serving",
     "wait_until",
@@ -371,6 +373,34 @@ def tiny_model(python: Path, model_dir: Path, say: Callable[[str], Any]) -> None
 # -- ports and readiness -----------------------------------------------------------------
 
 
+LOADGEN = HERE / "loadgen.py"
+
+
+def run_loadgen(
+    children: Children,
+    tmpdir: Path,
+    label: str,
+    args: Sequence[str],
+    timeout: float,
+    on_tick: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """``loadgen.py ARGS --json`` in its own process (so that its CPU is not this one's); its
+    result as a dict. RuntimeError with its stderr when it fails or runs past ``timeout``."""
+    out, err = tmpdir / "loadgen.out", tmpdir / "loadgen.err"
+    child = children.start(
+        f"loadgen ({label})", [sys.executable, str(LOADGEN), *args, "--json"], out, err_log=err
+    )
+    try:
+        status = children.wait(child, timeout, on_tick=on_tick)
+    finally:
+        children.stop(child)
+    if status != 0:
+        tail = err.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"loadgen ({label}) failed with {status}:\n{tail}")
+    result: dict[str, Any] = json.loads(out.read_text().strip().splitlines()[-1])
+    return result
+
+
 def free_port() -> int:
     """A port of 127.0.0.1 that was free just now (another process may still take it)."""
     with socket.socket() as s:
@@ -489,6 +519,27 @@ def group_pids(pgid: int, *, zombies: bool = False) -> list[int]:
                 out.append(int(entry))
         except (OSError, ValueError, IndexError):
             pass
+    return out
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (a supervisor and the workers it started
+    in process groups of their own), zombies left out."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat_fields(int(entry))
+            if fields[0] != b"Z":
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(parents.get(p, ()))
     return out
 
 

@@ -24,7 +24,8 @@ upstream ignores it). ``--body-json JSON`` merges fields into every request body
 ``'{"temperature": 0}'``, which makes the request cacheable by the gateway).
 
 ``--watch NAME=PID`` (repeatable) reads the process's CPU time (``/proc/PID/stat`` utime +
-stime) at the start and end of the measured window only, and the machine's CPU use
+stime), ``--watch NAME=tree:PID`` that of the process and its descendants, at the start and end
+of the measured window only, and the machine's CPU use
 (``/proc/stat``) over the same window.
 
 Latency percentiles of the Python engine interpolate linearly between the two nearest ranks
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -52,12 +54,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
-from harness import CLK_TCK, CpuWindow, handle_signals, latency_summary_ms, set_nodelay
+from harness import CLK_TCK, CpuWindow, handle_signals, latency_summary_ms, set_nodelay, tree_pids
 
 __all__ = [
     "Result",
@@ -189,8 +192,12 @@ class Result:
 
 
 def _watch(pids: dict[str, int]) -> CpuWindow:
-    """CPU of the watched processes, of this one with the ``wrk`` it ran, of the machine."""
-    return CpuWindow(dict(pids), own_children=True)
+    """CPU of the watched processes (a negative number: that process and its descendants at
+    each end of the window), of this one with the ``wrk`` it ran, of the machine."""
+    what: dict[str, int | Callable[[], Iterable[int]]] = {
+        name: pid if pid > 0 else functools.partial(tree_pids, -pid) for name, pid in pids.items()
+    }
+    return CpuWindow(what, own_children=True)
 
 
 # -- the Python engine -------------------------------------------------------------------
@@ -699,10 +706,14 @@ def run_saturation(
 
 
 def _watch_arg(value: str) -> tuple[str, int]:
+    """``NAME=PID``, or ``NAME=tree:PID`` for the process and its descendants (a negative
+    number inside)."""
     name, _, pid = value.partition("=")
+    tree = pid.startswith("tree:")
+    pid = pid.removeprefix("tree:")
     if not name or not pid.isdigit():
-        raise argparse.ArgumentTypeError("expected NAME=PID")
-    return name, int(pid)
+        raise argparse.ArgumentTypeError("expected NAME=PID or NAME=tree:PID")
+    return name, -int(pid) if tree else int(pid)
 
 
 def _header_arg(value: str) -> tuple[str, str]:
@@ -771,7 +782,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=30.0, help="latency: time bound")
     parser.add_argument("--stream", action="store_true", help="latency: streamed requests")
     parser.add_argument("--engine", choices=["auto", "wrk", "python"], default="auto")
-    parser.add_argument("--watch", type=_watch_arg, action="append", default=[], metavar="NAME=PID")
+    parser.add_argument(
+        "--watch", type=_watch_arg, action="append", default=[], metavar="NAME=PID|NAME=tree:PID"
+    )
     parser.add_argument(
         "--header",
         type=_header_arg,
