@@ -27,17 +27,26 @@ if TYPE_CHECKING:
         read_whole,
         stream_broken,
     )
-    from shuniu.backends.http.openai import OpenAIEngine, delta_extras
+    from shuniu.backends.http.openai import EventStream, OpenAIEngine, delta_extras
     from shuniu.backends.http.options import OpenAIOptions, http_url, server_root, url_path
     from shuniu.backends.http.probes import Prober, short_body
     from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
     from shuniu.backends.http.session import end_stream, open_session, post_json, probe_headers
-    from shuniu.backends.http.sse import MAX_LINE_BYTES, OversizedEvent, SseData, SseLines, data_payload
+    from shuniu.backends.http.sse import (
+        MAX_LINE_BYTES,
+        LineSplitter,
+        OversizedEvent,
+        SseData,
+        SseLines,
+        data_payload,
+    )
 
 __all__ = [
     "MAX_LINE_BYTES",
     "PROBE_ERRORS",
     "STREAM_BREAKS",
+    "EventStream",
+    "LineSplitter",
     "MetricsError",
     "OpenAIEngine",
     "OpenAIOptions",
@@ -77,12 +86,12 @@ _MODULES = {
         "read_whole",
         "stream_broken",
     ),
-    "openai": ("OpenAIEngine", "delta_extras"),
+    "openai": ("EventStream", "OpenAIEngine", "delta_extras"),
     "options": ("OpenAIOptions", "http_url", "server_root", "url_path"),
     "probes": ("Prober", "short_body"),
     "prometheus": ("MetricsError", "label_dict", "samples", "series_pattern"),
     "session": ("end_stream", "open_session", "post_json", "probe_headers"),
-    "sse": ("MAX_LINE_BYTES", "OversizedEvent", "SseData", "SseLines", "data_payload"),
+    "sse": ("MAX_LINE_BYTES", "LineSplitter", "OversizedEvent", "SseData", "SseLines", "data_payload"),
 }
 
 __getattr__, __dir__ = lazy_exports(

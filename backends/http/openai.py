@@ -12,7 +12,7 @@ the error mapping (:meth:`OpenAIEngine._error`), and what they read beside the O
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections import deque
 from typing import Any, ClassVar
 
 import aiohttp
@@ -30,12 +30,12 @@ from shuniu.backends.http.errors import (
 )
 from shuniu.backends.http.options import OpenAIOptions, server_root
 from shuniu.backends.http.session import end_stream, open_session, post_json
-from shuniu.backends.http.sse import SseLines, data_payload
+from shuniu.backends.http.sse import LineSplitter
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 from shuniu.core.types import Chunk, Completion, Embeddings, Health, InferenceRequest, Scores, Usage
 
-__all__ = ["OpenAIEngine", "delta_extras"]
+__all__ = ["EventStream", "OpenAIEngine", "delta_extras"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -135,8 +135,8 @@ _DONE = b"[DONE]"
 def delta_extras(fields: dict[str, Any] | None) -> dict[str, Any] | None:
     """The fields of a chat message or delta beyond its role and content (``tool_calls``,
     ``reasoning_content``), passed through to the client; ``None`` when there are none."""
-    if not fields:
-        return None
+    if not fields or fields.keys() <= _DROP:
+        return None  # the common delta: content (and a role) only
     out = {k: v for k, v in fields.items() if k not in _DROP and v is not None and v != []}
     return out or None
 
@@ -431,26 +431,108 @@ class OpenAIEngine(BackendBase):
             return Chunk(text, 1 if text else 0, choice.finish_reason, usage, extra)
         return None
 
-    async def stream(self, req: InferenceRequest) -> AsyncIterator[Chunk]:
-        resp = await self._post(req, stream=True)
-        chat = req.api == "chat"
-        complete = False
+    def stream(self, req: InferenceRequest) -> EventStream:
+        return EventStream(self, req)
+
+
+class EventStream:
+    """One streamed answer of an OpenAI-compatible engine as :class:`Chunk` objects.
+
+    Every network read is split into lines and turned into chunks at once, so
+    :meth:`ready` can tell the gateway's delivery that the next chunk is already here:
+    events that arrived together leave in one write to the client, as they came. A plain
+    class rather than an async generator: no generator frame per chunk, and closing it half-way
+    (:meth:`aclose`) closes the engine connection, which is how the engine learns the client
+    went away.
+    """
+
+    __slots__ = ("_chat", "_chunks", "_done", "_engine", "_failure", "_over", "_req", "_resp", "_split")
+
+    def __init__(self, engine: OpenAIEngine, req: InferenceRequest) -> None:
+        self._engine = engine
+        self._req = req
+        self._chat = req.api == "chat"
+        self._resp: aiohttp.ClientResponse | None = None
+        self._split = LineSplitter()
+        self._chunks: deque[Chunk] = deque()
+        self._done = False
+        """``[DONE]`` was read: nothing after it counts."""
+        self._failure: BaseException | None = None
+        """What ends the stream once the chunks before it are taken."""
+        self._over = False
+        """The engine connection was let go."""
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    def ready(self) -> bool:
+        """Whether the next :meth:`__anext__` answers without waiting for the network (a
+        chunk, the end, or the error that ends the stream)."""
+        return bool(self._chunks) or self._done or self._failure is not None
+
+    async def __anext__(self) -> Chunk:
+        chunks = self._chunks
+        if chunks:
+            return chunks.popleft()
         try:
-            async for line in SseLines(resp.content):
-                payload = data_payload(line)
-                if payload is None:
-                    continue
-                if payload == _DONE:
-                    await resp.read()  # the end of the chunked body, so the connection is reusable
-                    complete = True
-                    return
-                chunk = self._event_chunk(payload, chat)
-                if chunk is not None:
-                    yield chunk
-            # The body ended without [DONE]: the engine stopped mid-answer (a crash, a proxy
-            # cutting the connection). Say so rather than end the stream as if complete.
-            raise upstream_error(f"The engine endpoint {self.name} ended the stream without [DONE].")
+            while True:
+                if self._failure is not None:
+                    raise self._failure
+                if self._done:
+                    if self._resp is not None:
+                        await self._resp.read()  # the end of the chunked body: the connection is reusable
+                        self._release(complete=True)
+                    raise StopAsyncIteration
+                resp = self._resp
+                if resp is None:
+                    resp = self._resp = await self._engine._post(self._req, stream=True)
+                block = await resp.content.readany()
+                if block:
+                    self._parse(self._split.feed(block))
+                else:
+                    last = self._split.end()
+                    if last is not None:
+                        self._parse([last])
+                    if not self._done and self._failure is None:
+                        # The body ended without [DONE]: the engine stopped mid-answer (a crash,
+                        # a proxy cutting the connection). Say so rather than end as if complete.
+                        self._failure = upstream_error(
+                            f"The engine endpoint {self._engine.name} ended the stream without [DONE]."
+                        )
+                if chunks:
+                    return chunks.popleft()
         except STREAM_BREAKS as exc:
-            raise stream_broken(self.name, exc) from None
-        finally:
-            end_stream(resp, complete)
+            self._release(complete=False)
+            raise stream_broken(self._engine.name, exc) from None
+        except BaseException:
+            self._release(complete=False)
+            raise
+
+    def _parse(self, lines: list[bytes]) -> None:
+        """The chunks of complete lines, up to ``[DONE]`` or the first bad event."""
+        event_chunk = self._engine._event_chunk
+        chat = self._chat
+        append = self._chunks.append
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # comments, other SSE fields, the blank lines between events
+            payload = line[5:].strip()
+            if payload == _DONE:
+                self._done = True
+                return
+            try:
+                chunk = event_chunk(payload, chat)
+            except GatewayError as exc:
+                self._failure = exc
+                return
+            if chunk is not None:
+                append(chunk)
+
+    def _release(self, complete: bool) -> None:
+        if not self._over and self._resp is not None:
+            self._over = True
+            end_stream(self._resp, complete)
+
+    async def aclose(self) -> None:
+        """Stop reading: an unfinished answer's connection is closed (the engine aborts)."""
+        self._release(complete=False)

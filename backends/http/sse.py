@@ -19,7 +19,7 @@ from collections import deque
 
 import aiohttp
 
-__all__ = ["MAX_LINE_BYTES", "OversizedEvent", "SseData", "SseLines", "data_payload"]
+__all__ = ["MAX_LINE_BYTES", "LineSplitter", "OversizedEvent", "SseData", "SseLines", "data_payload"]
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Longest line accepted (64 MiB). It bounds what a misbehaving engine (a body with no
@@ -34,18 +34,47 @@ class OversizedEvent(aiohttp.ClientPayloadError):
     never as the endpoint failing."""
 
 
+class LineSplitter:
+    """The complete lines of an SSE body fed to it block by block, without their line
+    endings (``\\n`` or ``\\r\\n``); a line still open at the end of a block waits for the
+    next. Synchronous, so a reader can split every line that one network read brought before
+    it waits again (:class:`SseLines`, and the OpenAI engine's stream, which turns a whole
+    read into chunks at once)."""
+
+    __slots__ = ("_limit", "_tail")
+
+    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+        self._tail = b""
+        self._limit = limit
+
+    def feed(self, block: bytes) -> list[bytes]:
+        """The lines ``block`` completes. Raises :class:`OversizedEvent` when the line left
+        open grows past the limit."""
+        if self._tail:
+            block = self._tail + block
+        lines = block.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > self._limit:
+            raise OversizedEvent(f"an event line longer than {self._limit} bytes")
+        return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+    def end(self) -> bytes | None:
+        """The body ended: its last line when it did not end with a newline."""
+        tail, self._tail = self._tail, b""
+        return tail.rstrip(b"\r") if tail else None
+
+
 class SseLines:
     """The lines of an SSE body, in order, without their line endings (``\\n`` or
     ``\\r\\n``). The last line is returned even when the body does not end with a newline."""
 
-    __slots__ = ("_blocks", "_eof", "_limit", "_pending", "_tail")
+    __slots__ = ("_blocks", "_eof", "_pending", "_split")
 
     def __init__(self, content: aiohttp.StreamReader, limit: int = MAX_LINE_BYTES) -> None:
         self._blocks = content.iter_any().__aiter__()
         self._pending: deque[bytes] = deque()
-        self._tail = b""
+        self._split = LineSplitter(limit)
         self._eof = False
-        self._limit = limit
 
     def __aiter__(self) -> SseLines:
         return self
@@ -59,18 +88,11 @@ class SseLines:
                 block = await self._blocks.__anext__()
             except StopAsyncIteration:
                 self._eof = True
-                if self._tail:
-                    pending.append(self._tail.rstrip(b"\r"))
-                    self._tail = b""
+                last = self._split.end()
+                if last is not None:
+                    pending.append(last)
                 continue
-            if self._tail:
-                block = self._tail + block
-            lines = block.split(b"\n")
-            self._tail = lines.pop()
-            for line in lines:
-                pending.append(line[:-1] if line.endswith(b"\r") else line)
-            if len(self._tail) > self._limit:
-                raise OversizedEvent(f"an event line longer than {self._limit} bytes")
+            pending.extend(self._split.feed(block))
         return pending.popleft()
 
 

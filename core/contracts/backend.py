@@ -75,7 +75,11 @@ class Backend(Protocol):
         :class:`shuniu.core.errors.GatewayError` for the engine's own refusals (a 4xx is
         passed to the client as it is; a 5xx counts against the endpoint and may be
         retried elsewhere before the first chunk). Closing the iterator must stop the
-        generation upstream (the client went away)."""
+        generation upstream (the client went away).
+
+        The iterator may have a ``ready() -> bool`` method: true when its next chunk (or its
+        end, or its error) is at hand without waiting for the engine. Delivery then holds the
+        encoded chunks and sends them in one write once ``ready()`` turns false."""
         ...
 
     @optional

@@ -77,6 +77,8 @@ async def send_stream(
     timeouts = res.timeouts
     deadline = req.arrival + timeouts.total_s if timeouts.total_s is not None else None
     dog = Watchdog(loop, timeouts.idle_s, deadline) if timeouts.idle_s is not None or deadline else None
+    held: list[bytes] = []
+    """What the encoder wrote and was not sent yet."""
     try:
         progress.first_token = loop.time()
         await send(
@@ -86,12 +88,19 @@ async def send_stream(
                 "headers": [*SSE_HEADERS, (b"x-request-id", req.id.encode()), *extra],
             }
         )
-        head = encoder.start()
+        # Chunks that arrived together leave in one write: a stream that says the next chunk
+        # is already here (``ready()``, optional on a backend's stream) has its bytes held
+        # until it would wait for the engine, then sent at once. Nothing is ever held
+        # while the engine is silent, so the first token is not delayed.
+        ready = getattr(gen, "ready", None)
+        held.append(encoder.start())
         if first is not None:
-            head += encoder.chunk(first)
-            await send({"type": "http.response.body", "body": head, "more_body": True})
+            held.append(encoder.chunk(first))
             if filler is not None:
                 filler.chunk(first)
+            if ready is None or not ready():
+                await send({"type": "http.response.body", "body": b"".join(held), "more_body": True})
+                held.clear()
             async for chunk in gen:
                 if dog is not None:
                     dog.last = loop.time()
@@ -99,13 +108,16 @@ async def send_stream(
                     filler.chunk(chunk)
                 data = encoder.chunk(chunk)
                 if data:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-        elif head:
-            await send({"type": "http.response.body", "body": head, "more_body": True})
+                    held.append(data)
+                if held and (ready is None or not ready()):
+                    body = held[0] if len(held) == 1 else b"".join(held)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    held.clear()
         outcome = Outcome.OK
         if dog is not None:
             dog.stop()
-        await send({"type": "http.response.body", "body": encoder.end(), "more_body": False})
+        held.append(encoder.end())
+        await send({"type": "http.response.body", "body": b"".join(held), "more_body": False})
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if dog is None or dog.fired is None or task is None or task.uncancel() > 0:
@@ -115,7 +127,9 @@ async def send_stream(
         err = stream_timeout(dog.fired, timeouts)
         progress.fail(err)
         progress.status = 200
-        await send({"type": "http.response.body", "body": encoder.error(err), "more_body": False})
+        await send(
+            {"type": "http.response.body", "body": b"".join(held) + encoder.error(err), "more_body": False}
+        )
         res.failed(endpoint, loop.time())
     except Exception as exc:
         if not isinstance(exc, GatewayError) or (exc.status >= 500 and exc.code != PROTOCOL_ERROR):
@@ -126,7 +140,9 @@ async def send_stream(
         err = exc if isinstance(exc, GatewayError) else backend_failure(endpoint, exc)
         progress.fail(err)
         progress.status = 200
-        await send({"type": "http.response.body", "body": encoder.error(err), "more_body": False})
+        await send(
+            {"type": "http.response.body", "body": b"".join(held) + encoder.error(err), "more_body": False}
+        )
     else:
         res.succeeded(endpoint, loop.time())
     finally:
