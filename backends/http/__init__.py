@@ -1,4 +1,5 @@
-"""The HTTP engine layer every HTTP backend builds on: pooled sessions (:mod:`.session`),
+"""The HTTP engine layer every HTTP backend builds on: pooled sessions (:mod:`.session`), the
+lean HTTP/1.1 client of the calls on the request path (:mod:`.h1`),
 one SSE reader for events of any size (:mod:`.sse`), probes for health, metadata and
 metrics (:mod:`.probes`), Prometheus sample reading (:mod:`.prometheus`), error mapping and
 stream close (:mod:`.errors`, :mod:`.session`), option helpers (:mod:`.options`), and the
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         read_whole,
         stream_broken,
     )
+    from shuniu.backends.http.h1 import H1Pool, H1Response
     from shuniu.backends.http.openai import EventStream, OpenAIEngine, delta_extras
     from shuniu.backends.http.options import OpenAIOptions, http_url, server_root, url_path
     from shuniu.backends.http.probes import Prober, short_body
@@ -46,6 +48,8 @@ __all__ = [
     "PROBE_ERRORS",
     "STREAM_BREAKS",
     "EventStream",
+    "H1Pool",
+    "H1Response",
     "LineSplitter",
     "MetricsError",
     "OpenAIEngine",
@@ -86,6 +90,7 @@ _MODULES = {
         "read_whole",
         "stream_broken",
     ),
+    "h1": ("H1Pool", "H1Response"),
     "openai": ("EventStream", "OpenAIEngine", "delta_extras"),
     "options": ("OpenAIOptions", "http_url", "server_root", "url_path"),
     "probes": ("Prober", "short_body"),

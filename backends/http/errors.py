@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from shuniu.backends.http.h1 import H1Pool, H1Response
 from shuniu.backends.http.sse import OversizedEvent
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 
@@ -66,13 +67,13 @@ def stream_broken(name: str, exc: BaseException) -> GatewayError:
 
 
 async def post_or_raise(
-    session: aiohttp.ClientSession | None,
+    session: aiohttp.ClientSession | H1Pool | None,
     url: str,
     payload: bytes,
     headers: dict[str, str],
     name: str,
     error: Callable[[int, bytes], GatewayError],
-) -> aiohttp.ClientResponse:
+) -> aiohttp.ClientResponse | H1Response:
     """POST to an engine and return its 200 response (the caller reads and releases it), or
     raise the gateway's error: 503 not started, 504 timeout, 502 unreachable, and
     ``error(status, body)`` for any other status."""
@@ -94,7 +95,7 @@ async def post_or_raise(
     return resp
 
 
-async def read_whole(resp: aiohttp.ClientResponse, name: str) -> bytes:
+async def read_whole(resp: aiohttp.ClientResponse | H1Response, name: str) -> bytes:
     """The rest of a non-streamed answer (the connection goes back to the pool), or 504 /
     502 when the engine fails while sending it."""
     try:

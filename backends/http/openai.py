@@ -28,6 +28,7 @@ from shuniu.backends.http.errors import (
     read_whole,
     stream_broken,
 )
+from shuniu.backends.http.h1 import H1Pool, H1Response
 from shuniu.backends.http.options import OpenAIOptions, server_root
 from shuniu.backends.http.session import end_stream, open_session, post_json
 from shuniu.backends.http.sse import LineSplitter
@@ -173,6 +174,8 @@ class OpenAIEngine(BackendBase):
         self._tokenize_url = server_root(base) + path if path is not None else None
         self.tokenizes = path is not None
         self._session: aiohttp.ClientSession | None = None
+        self._client: aiohttp.ClientSession | H1Pool | None = None
+        """What the engine calls on the request path go through (the session, or a lean pool)."""
         self._discovered = False
 
     async def start(self) -> None:
@@ -182,6 +185,14 @@ class OpenAIEngine(BackendBase):
             timeout_s=opts.timeout_s,
             connect_timeout_s=opts.connect_timeout_s,
         )
+        self._client = self._session
+        if opts.http_client == "shuniu" and opts.base_url.startswith("http://"):
+            self._client = H1Pool(
+                opts.base_url,
+                max_connections=opts.max_connections,
+                timeout_s=opts.timeout_s,
+                connect_timeout_s=opts.connect_timeout_s,
+            )
         # A server that is not up yet is not an error: health checks keep the endpoint out of
         # balancing, and backends with a discovery step repeat it once the server answers.
         self._discovered = False
@@ -209,6 +220,9 @@ class OpenAIEngine(BackendBase):
             self._discovery_failed(f"{self.discovery}: {describe_error(exc)}")
 
     async def stop(self) -> None:
+        if isinstance(self._client, H1Pool):
+            await self._client.close()
+        self._client = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -314,9 +328,9 @@ class OpenAIEngine(BackendBase):
         """The headers of an engine call: the endpoint's, plus the request's trace context."""
         return self._headers if req.trace_headers is None else {**self._headers, **req.trace_headers}
 
-    async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse:
+    async def _post(self, req: InferenceRequest, stream: bool) -> aiohttp.ClientResponse | H1Response:
         return await post_or_raise(
-            self._session,
+            self._client,
             self._urls[req.api],
             self._payload(req, stream),
             self._request_headers(req),
@@ -350,7 +364,7 @@ class OpenAIEngine(BackendBase):
         if self._upstream_model is not None:
             payload["model"] = self._upstream_model
         resp = await post_or_raise(
-            self._session,
+            self._client,
             self._urls[route],
             _encode(payload),
             self._request_headers(req),
@@ -452,7 +466,7 @@ class EventStream:
         self._engine = engine
         self._req = req
         self._chat = req.api == "chat"
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: aiohttp.ClientResponse | H1Response | None = None
         self._split = LineSplitter()
         self._chunks: deque[Chunk] = deque()
         self._done = False

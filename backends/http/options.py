@@ -4,7 +4,7 @@ take and extend."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -52,6 +52,10 @@ class OpenAIOptions(Options):
     """Longest a whole upstream request may take."""
     max_connections: int = Field(1024, ge=1)
     """Pooled keep-alive connections to this endpoint, at most."""
+    http_client: Literal["shuniu", "aiohttp"] = "shuniu"
+    """The client of the engine calls on the request path: ``shuniu``, a lean HTTP/1.1 client
+    on ``httptools`` (a fraction of aiohttp's CPU per call; ``http://`` engines, an
+    ``https://`` one uses aiohttp anyway), or ``aiohttp``. Probes always use aiohttp."""
     health_path: str = "/models"
     """Path under ``base_url`` probed by health checks (any 2xx is healthy)."""
     tokenize_path: str | None = None

@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from shuniu.backends.http.h1 import H1Response
+
 __all__ = ["end_stream", "open_session", "post_json", "probe_headers"]
 
 _KEEPALIVE_S = 60
@@ -45,7 +47,7 @@ def probe_headers(headers: dict[str, str], api_key: str | None) -> dict[str, str
     return out
 
 
-def end_stream(resp: aiohttp.ClientResponse, complete: bool) -> None:
+def end_stream(resp: aiohttp.ClientResponse | H1Response, complete: bool) -> None:
     """Let go of a streamed answer: a complete one's connection goes back to the pool;
     an unfinished one's is closed, which is how vLLM, TGI, MindIE and friends learn the
     client went away and abort the generation."""

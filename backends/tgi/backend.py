@@ -26,6 +26,7 @@ import msgspec
 
 from shuniu.backends.http import (
     STREAM_BREAKS,
+    H1Response,
     OpenAIEngine,
     OpenAIOptions,
     ProbeError,
@@ -128,6 +129,7 @@ class TgiBackend(OpenAIEngine):
             connect_timeout_s=opts.connect_timeout_s,
             timeout_s=opts.timeout_s,
             max_connections=opts.max_connections,
+            http_client=opts.http_client,
         )
         super().__init__(replace(spec, options=api))
         self.tgi_options = opts
@@ -255,9 +257,11 @@ class TgiBackend(OpenAIEngine):
                 message = body.error["message"]
         return protocol.tgi_error(self.name, message, error_type, status)
 
-    async def _open(self, url: str, payload: bytes, req: InferenceRequest) -> aiohttp.ClientResponse:
+    async def _open(
+        self, url: str, payload: bytes, req: InferenceRequest
+    ) -> aiohttp.ClientResponse | H1Response:
         return await post_or_raise(
-            self._session, url, payload, self._request_headers(req), self.name, self._error
+            self._client, url, payload, self._request_headers(req), self.name, self._error
         )
 
     async def complete(self, req: InferenceRequest) -> Completion:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -42,6 +42,10 @@ class TgiOptions(Options):
     """Longest a whole request (a stream included) may take."""
     max_connections: int = Field(1024, ge=1)
     """Pooled keep-alive connections to this server, at most."""
+    http_client: Literal["shuniu", "aiohttp"] = "shuniu"
+    """The client of the calls on the request path: ``shuniu``, a lean HTTP/1.1 client
+    (``http://`` only; an ``https://`` server uses aiohttp anyway), or ``aiohttp``. Probes
+    always use aiohttp."""
     health_path: str = "/health"
     """Path under the server root probed by health checks. TGI answers 200 while its model
     shards answer and 503 (``error_type: healthcheck``) once they do not."""
