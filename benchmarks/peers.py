@@ -14,6 +14,8 @@ Targets (``--targets``, default all that are installed):
 * ``full``: shuniu with what a real deployment turns on: an ``api_keys`` authenticator, key
   and tenant RPM/TPM/concurrency limits in the memory store (never binding, all checked),
   the ``priority`` scheduler, ``prefix_affinity``, metrics;
+* ``aiohttp``: ``minimal`` with aiohttp's client for the engine calls (``http_client:
+  aiohttp``) instead of shuniu's lean one;
 * ``redis``: ``full`` with the rate limits in a ``redis-server`` this script starts;
 * ``workers``: ``minimal`` with ``gateway.workers: 2`` (the supervisor and two worker
   processes on one port; CPU and RSS summed over the supervisor and its workers);
@@ -80,8 +82,8 @@ from shuniu.plugins.auth.api_keys import hash_key, new_key
 HERE = Path(__file__).resolve().parent
 MODEL = "bench"
 PEERS_BIN = Path(os.path.expanduser("~/.cache/shuniu/peers/bin"))
-TARGETS = ("bare", "minimal", "full", "redis", "workers", "vllm-router", "sglang-router")
-SHUNIU_TARGETS = frozenset({"minimal", "full", "redis", "workers"})
+TARGETS = ("bare", "minimal", "aiohttp", "full", "redis", "workers", "vllm-router", "sglang-router")
+SHUNIU_TARGETS = frozenset({"minimal", "aiohttp", "full", "redis", "workers"})
 NEVER_BINDING = "{rpm: 10000000, tpm: 10000000000, concurrency: 100000}"
 
 # A wide table: keep it whole when the output goes to a file or a pipe.
@@ -96,7 +98,7 @@ models:
     scheduler: {{policy: {scheduler}}}
     endpoints:
       - kind: openai
-        options: {{base_url: "http://127.0.0.1:{port}/v1", model: "{model}"}}
+        options: {{base_url: "http://127.0.0.1:{port}/v1", model: "{model}"{client}}}
 """
 
 TENANCY = """\
@@ -123,6 +125,7 @@ def deployment(target: str, port: int, key: str, redis_url: str) -> str:
         model=MODEL,
         port=port,
         workers=", workers: 2" if target == "workers" else "",
+        client=", http_client: aiohttp" if target == "aiohttp" else "",
         balancer="prefix_affinity" if full else "round_robin",
         scheduler="priority" if full else "fifo",
     )
