@@ -89,11 +89,14 @@ class H1Response:
             self._conn.pause()
         self._wake()
 
-    def _end(self) -> None:
-        self._done = True
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _end(self) -> None:
+        self._done = True
+        self._stop_timer()
         self._wake()
 
     def _fail(self, exc: BaseException) -> None:
@@ -142,9 +145,7 @@ class H1Response:
     def release(self) -> None:
         """Done with the answer: a whole one's connection goes back to the pool, an unfinished
         one's is closed (which is how an engine learns its client went away)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
         conn = self._conn
         if conn.response is self:
             conn.response = None
@@ -155,9 +156,7 @@ class H1Response:
 
     def close(self) -> None:
         """Done with the answer, whole or not: the connection is closed."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
         if self._conn.response is self:
             self._conn.response = None
         self._conn.close()
