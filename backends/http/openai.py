@@ -31,7 +31,7 @@ from shuniu.backends.http.errors import (
 from shuniu.backends.http.h1 import H1Pool, H1Response
 from shuniu.backends.http.options import OpenAIOptions, server_root
 from shuniu.backends.http.session import end_stream, open_session, post_json
-from shuniu.backends.http.sse import LineSplitter
+from shuniu.backends.http.sse import LineSplitter, data_payload
 from shuniu.core.contracts import BackendBase, EndpointSpec
 from shuniu.core.errors import GatewayError, protocol_error, upstream_error
 from shuniu.core.types import Chunk, Completion, Embeddings, Health, InferenceRequest, Scores, Usage
@@ -528,9 +528,9 @@ class EventStream:
         chat = self._chat
         append = self._chunks.append
         for line in lines:
-            if not line.startswith(b"data:"):
+            payload = data_payload(line)
+            if payload is None:
                 continue  # comments, other SSE fields, the blank lines between events
-            payload = line[5:].strip()
             if payload == _DONE:
                 self._done = True
                 return
