@@ -3,15 +3,19 @@ an instant backend registered in code, so the figure is what the request path co
 nothing else (no server, no client, no upstream). It sees below the noise of
 gateway_overhead.py; to compare two trees, run each tree's own interpreter, alternating:
 
-    python benchmarks/inprocess_overhead.py plain|full|governed N json|stream
+    python benchmarks/inprocess_overhead.py plain|features|full|governed N json|stream
 
-``plain``: one endpoint, the default scheduler and balancer; ``full``: API keys, memory rate
-limits, the response cache, prefix_affinity and priority over four endpoints; ``governed``:
+``plain``: one endpoint, the default scheduler and balancer; ``features``: what
+``benchmarks/peers.py`` calls ``full`` (API keys, key and tenant RPM/TPM/concurrency limits in
+the memory store, never binding, ``priority`` and ``prefix_affinity`` over one endpoint);
+``full``: API keys, memory rate limits, the response cache, prefix_affinity and priority over
+four endpoints; ``governed``:
 ``plain`` with a SQLite usage ledger (in a temporary folder), prices and two never-binding
 budgets of the tenant, reserved and settled on every request (the ledger's writer thread
 is in the figure). Prints one
 JSON line with ``us_per_req`` (process CPU time per request after 500 warm-up requests).
-``PROFILE=1`` prints a cProfile of the measured requests.
+``PROFILE=1`` prints a cProfile of the measured requests; ``PROFILE=out.prof`` writes it to a
+file instead.
 """
 
 from __future__ import annotations
@@ -59,6 +63,22 @@ models:
     endpoints: [{{kind: instant, replicas: 4}}]
 """
 
+NEVER_BINDING = "{rpm: 10000000, tpm: 10000000000, concurrency: 100000}"
+FEATURES = f"""
+auth:
+  authenticators:
+    - kind: api_keys
+      options:
+        keys: [{{id: k1, hash: "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}", tenant: t1, tier: free}}]
+tiers:
+  free: {{key_limits: {NEVER_BINDING}, tenant_limits: {NEVER_BINDING}}}
+rate_limits: {{store: memory}}
+models:
+  m:
+    balancer: {{policy: prefix_affinity}}
+    scheduler: {{policy: priority}}
+    endpoints: [{{kind: instant}}]
+"""
 
 GOVERNED = (
     PLAIN
@@ -96,7 +116,7 @@ class Plugin:
 
 async def measure(cfg: str, n: int, stream: bool) -> float:
     plugins = load_plugins(extra=[("instant", Plugin())])
-    text = {"full": FULL, "plain": PLAIN, "governed": GOVERNED}[cfg]
+    text = {"full": FULL, "features": FEATURES, "plain": PLAIN, "governed": GOVERNED}[cfg]
     if cfg == "governed":
         text = text.replace("LEDGER", os.path.join(tempfile.mkdtemp(prefix="shuniu-ledger-"), "ledger.db"))
     gw = Gateway(load_deployment(None, plugins, text=text), plugins)
@@ -104,7 +124,7 @@ async def measure(cfg: str, n: int, stream: bool) -> float:
     messages = [{"role": "user", "content": "hello there, how are you today?"}]
     body = json.dumps({"model": "m", "messages": messages, "max_tokens": 16, "stream": stream}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if cfg == "full":
+    if cfg in ("full", "features"):
         headers.append((b"authorization", b"Bearer " + KEY.encode()))
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
 
@@ -136,7 +156,11 @@ async def measure(cfg: str, n: int, stream: bool) -> float:
     spent = time.process_time() - start
     if prof is not None:
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        stats = pstats.Stats(prof)
+        if os.environ["PROFILE"].endswith(".prof"):
+            stats.dump_stats(os.environ["PROFILE"])  # for a diff of two configurations
+        else:
+            stats.sort_stats("tottime").print_stats(30)
     await gw.stop()
     return spent / n * 1e6
 

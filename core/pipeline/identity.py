@@ -17,7 +17,7 @@ from shuniu.core.pools.pool import Pool
 from shuniu.core.tenancy.tenancy import Admission, Tenancy, Tier
 from shuniu.core.types import InferenceRequest, Principal
 
-__all__ = ["acquire", "authenticate", "check_tier", "settle"]
+__all__ = ["acquire", "authenticate", "check_tier", "settle", "settle_now"]
 
 log = logging.getLogger("shuniu.gateway")
 
@@ -75,5 +75,14 @@ async def settle(tenancy: Tenancy, admission: Admission, progress: Progress) -> 
     used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
     try:
         await tenancy.settle(admission, used)
+    except Exception:
+        log.exception("settling rate limits failed")
+
+
+def settle_now(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:
+    """:func:`settle` for a store that keeps its state in this process (``tenancy.sync``)."""
+    used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
+    try:
+        tenancy.settle_now(admission, used)
     except Exception:
         log.exception("settling rate limits failed")

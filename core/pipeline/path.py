@@ -174,7 +174,10 @@ class RequestPath:
             extra: list[tuple[bytes, bytes]] = [] if degraded is None else [(b"x-shuniu-degraded", degraded)]
             if tenancy.store is not None:
                 try:
-                    admission = await identity.acquire(tenancy, req, tier, trace)
+                    if tenancy.sync and trace is None:  # no coroutine for an in-process store
+                        admission = tenancy.acquire_now(req, tier or tenancy.tiers["default"])
+                    else:
+                        admission = await identity.acquire(tenancy, req, tier, trace)
                 except GatewayError as err:
                     progress.fail(err)
                     await send_error(send, err, req.id, render=wire_of(req).error)
@@ -221,7 +224,10 @@ class RequestPath:
             if cache_key is not None and filler is not None and cache is not None:
                 await cache_step.finish(cache, cache_key, req, progress, filler)
             if admission is not None:
-                await identity.settle(tenancy, admission, progress)
+                if tenancy.sync:
+                    identity.settle_now(tenancy, admission, progress)
+                else:
+                    await identity.settle(tenancy, admission, progress)
             if hold is not None and budgets is not None:
                 budget_step.settle(budgets, hold, progress)
             now = loop.time()

@@ -20,7 +20,7 @@ from shuniu.core.errors import GatewayError, model_not_found
 from shuniu.core.tenancy.auth import AuthChain
 from shuniu.core.types import InferenceRequest, Limits, Principal
 
-__all__ = ["Admission", "Tenancy", "Tier", "format_reset", "limits_in_use"]
+__all__ = ["Admission", "Tenancy", "Tier", "format_reset", "limits_in_use", "reset_bytes"]
 
 _MINUTE = 60.0
 _DAY = 86400.0
@@ -76,9 +76,21 @@ def _merge(base: Limits, override: Limits | None) -> Limits:
 
 
 class _Plan:
-    """The limits that apply to one principal: rate templates (cost filled per request)."""
+    """The limits that apply to one principal, compiled once: the request-counting rates
+    ready to send, the token rates as templates (their cost is each request's
+    reservation), and the ``x-ratelimit-*`` header values that never change."""
 
-    __slots__ = ("leases", "requests", "scopes", "tokens")
+    __slots__ = (
+        "active",
+        "leases",
+        "max_reservable",
+        "request_limits",
+        "request_rates",
+        "requests",
+        "scopes",
+        "token_limits",
+        "tokens",
+    )
 
     def __init__(self, principal: Principal, tier: Tier) -> None:
         self.requests: list[tuple[str, float, float, str]] = []
@@ -105,9 +117,31 @@ class _Plan:
                 self.tokens.append((scope + ":tpd", limits.tpd, _DAY, f"tokens per day (TPD) of {who}"))
             if limits.concurrency is not None:
                 self.leases.append(Lease(scope + ":conc", limits.concurrency))
+        self.active = bool(self.requests or self.tokens or self.leases)
+        self.request_rates = [Rate(key, limit, period, 1.0) for key, limit, period, _ in self.requests]
+        """A request costs one unit of each: the same rates for every request."""
+        self.max_reservable = min((limit for _, limit, _, _ in self.tokens), default=math.inf)
+        """A reservation above this can never pass (429 at once, without the store)."""
+        self.request_limits = [b"%d" % int(limit) for _, limit, _, _ in self.requests]
+        self.token_limits = [b"%d" % int(limit) for _, limit, _, _ in self.tokens]
 
-    def __bool__(self) -> bool:
-        return bool(self.requests or self.tokens or self.leases)
+    def too_large(self, reserved: int) -> GatewayError:
+        label, limit = next((label, limit) for _, limit, _, label in self.tokens if reserved > limit)
+        return GatewayError(
+            429,
+            f"Request too large for {label}: limit {int(limit)}, requested {reserved} "
+            "(prompt plus max_tokens). Send a shorter prompt or a smaller max_tokens.",
+            type="tokens",
+            code="rate_limit_exceeded",
+        )
+
+
+_LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
+_REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
+_RESET_REQUESTS = b"x-ratelimit-reset-requests"
+_LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
+_REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
+_RESET_TOKENS = b"x-ratelimit-reset-tokens"
 
 
 class Admission:
@@ -152,6 +186,11 @@ class Tenancy:
             tiers[batches.tier] = TierConfig(priority=batches.priority)
         self.tiers: dict[str, Tier] = {name: Tier(name, cfg) for name, cfg in tiers.items()}
         self.store = store
+        # A store that keeps its state in this process can answer without a coroutine.
+        self._acquire_now = getattr(store, "acquire_now", None)
+        self._settle_now = getattr(store, "settle_now", None)
+        self.sync = self._acquire_now is not None and self._settle_now is not None
+        """:meth:`acquire_now` and :meth:`settle_now` may be used instead of the coroutines."""
         cfg = deployment.rate_limits
         self.default_output_tokens = cfg.default_output_tokens if cfg is not None else 256
         self.send_headers = cfg.headers if cfg is not None else True
@@ -223,36 +262,59 @@ class Tenancy:
             plan = self._plans[key] = _Plan(principal, tier)
         return plan
 
+    def _admit(
+        self, req: InferenceRequest, tier: Tier
+    ) -> tuple[_Plan, list[Rate], list[Rate], int, str] | None:
+        """What the store is asked for this request: ``(plan, rates, token_rates, reserved,
+        token)``, or ``None`` when no limit applies; 429 for a reservation no token limit
+        can ever hold."""
+        plan = self._plan(req.principal, tier)
+        if not plan.active:
+            return None
+        # max_tokens 0: a pooling request, which generates nothing.
+        max_tokens = req.max_tokens
+        reserved = req.prompt_tokens + (max_tokens if max_tokens is not None else self.default_output_tokens)
+        if reserved > plan.max_reservable:
+            raise plan.too_large(reserved)
+        if plan.tokens:
+            cost = float(reserved)
+            token_rates = [Rate(key, limit, period, cost) for key, limit, period, _ in plan.tokens]
+            rates = plan.request_rates + token_rates
+        else:
+            token_rates = []
+            rates = plan.request_rates
+        self._counter += 1
+        return plan, rates, token_rates, reserved, f"{self._prefix}{self._counter:x}"
+
+    def _admission(
+        self, decision: Decision, plan: _Plan, token_rates: list[Rate], reserved: int, token: str
+    ) -> Admission:
+        headers = self._headers(plan, decision) if self.send_headers else []
+        if not decision.allowed:
+            raise self._refusal(plan, decision, headers)
+        return Admission(token, token_rates, plan.leases, reserved, headers)
+
     async def acquire(self, req: InferenceRequest, tier: Tier) -> Admission | None:
         """Take the request's share of every limit that applies, or raise 429."""
         store = self.store
         if store is None:
             return None
-        plan = self._plan(req.principal, tier)
-        if not plan:
+        asked = self._admit(req, tier)
+        if asked is None:
             return None
-        # max_tokens 0: a pooling request, which generates nothing.
-        reserved = req.prompt_tokens + (
-            req.max_tokens if req.max_tokens is not None else self.default_output_tokens
-        )
-        for _key, limit, _period, label in plan.tokens:
-            if reserved > limit:
-                raise GatewayError(
-                    429,
-                    f"Request too large for {label}: limit {int(limit)}, requested {reserved} "
-                    "(prompt plus max_tokens). Send a shorter prompt or a smaller max_tokens.",
-                    type="tokens",
-                    code="rate_limit_exceeded",
-                )
-        rates = [Rate(key, limit, period, 1.0) for key, limit, period, _ in plan.requests]
-        token_rates = [Rate(key, limit, period, float(reserved)) for key, limit, period, _ in plan.tokens]
-        self._counter += 1
-        token = f"{self._prefix}{self._counter:x}"
-        decision = await store.acquire(rates + token_rates, plan.leases, token)
-        headers = self._headers(plan, decision, len(rates)) if self.send_headers else []
-        if not decision.allowed:
-            raise self._refusal(plan, decision, headers)
-        return Admission(token, token_rates, plan.leases, reserved, headers)
+        plan, rates, token_rates, reserved, token = asked
+        decision = await store.acquire(rates, plan.leases, token)
+        return self._admission(decision, plan, token_rates, reserved, token)
+
+    def acquire_now(self, req: InferenceRequest, tier: Tier) -> Admission | None:
+        """:meth:`acquire` without a coroutine, for a store that keeps its state in this
+        process (:attr:`sync` is true)."""
+        asked = self._admit(req, tier)
+        if asked is None:
+            return None
+        plan, rates, token_rates, reserved, token = asked
+        decision = self._acquire_now(rates, plan.leases, token)  # type: ignore[misc]
+        return self._admission(decision, plan, token_rates, reserved, token)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """Give back the unused part of the token reservation and the leases."""
@@ -264,27 +326,39 @@ class Tenancy:
         if adjust or admission.leases:
             await store.settle(adjust, admission.leases, admission.token)
 
+    def settle_now(self, admission: Admission, used_tokens: int) -> None:
+        """:meth:`settle` without a coroutine (:attr:`sync` is true)."""
+        delta = float(used_tokens - admission.reserved)
+        adjust = [(rate, delta) for rate in admission.tokens] if delta else []
+        if adjust or admission.leases:
+            self._settle_now(adjust, admission.leases, admission.token)  # type: ignore[misc]
+
     # -- responses ------------------------------------------------------------------------
 
     @staticmethod
-    def _headers(plan: _Plan, decision: Decision, n_requests: int) -> list[tuple[bytes, bytes]]:
+    def _headers(plan: _Plan, decision: Decision) -> list[tuple[bytes, bytes]]:
         """OpenAI's ``x-ratelimit-*`` headers from the tightest request and token limits."""
-        out: list[tuple[bytes, bytes]] = []
         remaining, reset = decision.remaining, decision.reset_s
-        if len(remaining) < n_requests + len(plan.tokens):
-            return out
-        for kind, entries, offset in (("requests", plan.requests, 0), ("tokens", plan.tokens, n_requests)):
-            if not entries:
-                continue
-            best = min(range(len(entries)), key=lambda i: remaining[offset + i])
-            out.append((f"x-ratelimit-limit-{kind}".encode(), str(int(entries[best][1])).encode()))
-            out.append(
-                (
-                    f"x-ratelimit-remaining-{kind}".encode(),
-                    str(max(0, int(remaining[offset + best]))).encode(),
-                )
-            )
-            out.append((f"x-ratelimit-reset-{kind}".encode(), format_reset(reset[offset + best]).encode()))
+        n = len(plan.request_limits)
+        if len(remaining) < n + len(plan.token_limits):
+            return []
+        out: list[tuple[bytes, bytes]] = []
+        if n:
+            best, low = 0, remaining[0]
+            for i in range(1, n):
+                if remaining[i] < low:
+                    best, low = i, remaining[i]
+            out.append((_LIMIT_REQUESTS, plan.request_limits[best]))
+            out.append((_REMAINING_REQUESTS, b"%d" % low if low > 0 else b"0"))
+            out.append((_RESET_REQUESTS, reset_bytes(reset[best])))
+        if plan.token_limits:
+            best, low = n, remaining[n]
+            for i in range(n + 1, len(remaining)):
+                if remaining[i] < low:
+                    best, low = i, remaining[i]
+            out.append((_LIMIT_TOKENS, plan.token_limits[best - n]))
+            out.append((_REMAINING_TOKENS, b"%d" % low if low > 0 else b"0"))
+            out.append((_RESET_TOKENS, reset_bytes(reset[best])))
         return out
 
     @staticmethod
@@ -340,6 +414,13 @@ def limits_in_use(deployment: Deployment, authenticator_options: Mapping[int, An
         isinstance(options, AuthenticatorOptions) and options.sets_limits()
         for options in authenticator_options.values()
     )
+
+
+def reset_bytes(seconds: float) -> bytes:
+    """:func:`format_reset` as header bytes, with the common sub-second case short."""
+    if 0 < seconds < 0.9995:
+        return b"%dms" % (round(seconds * 1000) or 1)
+    return format_reset(seconds).encode()
 
 
 def format_reset(seconds: float) -> str:

@@ -105,6 +105,13 @@ def cheapest(
     then the first from ``start`` on (a caller that rotates ``start`` spreads equal
     candidates, e.g. the requests of an idle pool with no prefix known)."""
     n = len(endpoints)
+    if n == 1:
+        # One candidate: what the general case below decides for it, without the lists.
+        e = endpoints[0]
+        cached = min(req.prompt_tokens, int(depths.get(e.index, 0) * tokens_per_block)) if depths else 0
+        if not cached and _past_limit(e) > 0:
+            return None, 0
+        return e, cached
     loads = [load_score(e, bound) for e in endpoints]
     low = min(loads)
     ceiling = max(low + balance_abs, balance_rel * (low + 1.0) - 1.0)
@@ -176,18 +183,20 @@ def place(
     """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
     ``req.expected_cached`` to what the chosen endpoint holds."""
-    ids = req.token_ids if req.token_ids is not None else req.prompt_ids
-    # Text blocks are bytes; characters are close enough for a token estimate, and free.
-    units = len(ids) if ids is not None else len(req.prompt)
-    block = block_tokens if ids is not None else block_chars
-    per_block = req.prompt_tokens * block / units if units else 0.0
-    # An engine computes a prompt's last token even when every block of it is cached (it
-    # needs that token's logits): vLLM and the simulator reuse at most (units - 1) // block
-    # blocks, so a prompt that ends on a block boundary expects one block less.
-    usable = (units - 1) // block if units else 0
-    for i, d in depths.items():
-        if d > usable:
-            depths[i] = usable
+    per_block = 0.0  # tokens per matched block: nothing to weigh when nothing matched
+    if depths:
+        ids = req.token_ids if req.token_ids is not None else req.prompt_ids
+        # Text blocks are bytes; characters are close enough for a token estimate, and free.
+        units = len(ids) if ids is not None else len(req.prompt)
+        block = block_tokens if ids is not None else block_chars
+        per_block = req.prompt_tokens * block / units if units else 0.0
+        # An engine computes a prompt's last token even when every block of it is cached (it
+        # needs that token's logits): vLLM and the simulator reuse at most (units - 1) // block
+        # blocks, so a prompt that ends on a block boundary expects one block less.
+        usable = (units - 1) // block if units else 0
+        for i, d in depths.items():
+            if d > usable:
+                depths[i] = usable
     chosen, cached = cheapest(
         req,
         endpoints,

@@ -181,7 +181,8 @@ class AgingPrefixIndex:
         return _per_endpoint(self.match_sparse, hashes, endpoints)
 
     def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
-        self._age().record(hashes, endpoint)
+        if hashes:  # a prompt shorter than a block: nothing to remember, no clock to read
+            self._age().record(hashes, endpoint)
 
     def drop(self, endpoint: int, h: int) -> None:
         self.new.drop(endpoint, h)
