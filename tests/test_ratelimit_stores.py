@@ -72,14 +72,17 @@ class Harness:
         return d.remaining[0]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-py"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """The memory store, and the Redis store with each of its clients (the lean pipelined
+    one, ``shuniu``, and redis-py)."""
     if request.param == "memory":
         clock = FakeClock()
         yield Harness("memory", MemoryRateLimitStore(clock=clock), clock)
         return
     url = request.getfixturevalue("redis_url")
-    redis_store = RedisRateLimitStore(RedisRateLimitOptions(url=url))
+    client = "redis-py" if request.param == "redis-py" else "shuniu"
+    redis_store = RedisRateLimitStore(RedisRateLimitOptions(url=url, client=client))
     yield Harness("redis", redis_store)
     assert not redis_store.degraded
     await redis_store.close()
@@ -332,7 +335,10 @@ async def test_memory_scale_multiplies_limits() -> None:
 
 
 async def test_redis_is_atomic_across_clients(redis_url: str) -> None:
-    stores = [RedisRateLimitStore(RedisRateLimitOptions(url=redis_url)) for _ in range(2)]
+    stores = [
+        RedisRateLimitStore(RedisRateLimitOptions(url=redis_url, client=client))
+        for client in ("shuniu", "redis-py")
+    ]
     rate = Rate("k:a:rpd", 150, DAY, 1)
     lease = Lease("k:a:conc", 7)
     try:
@@ -376,8 +382,14 @@ async def test_redis_leases_lapse_after_their_ttl(redis_url: str) -> None:
         # The lease expires on the server, never released by "r1": its score in the lease
         # set is its expiry on Redis's own clock, the lease's ttl from now, and "r2" gets in
         # once that has passed.
-        expiry_ms = await store._client.zscore(store._prefix + lease.key, "r1")
-        seconds, micros = await store._client.time()
+        from redis import asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            expiry_ms = await client.zscore(store._prefix + lease.key, "r1")
+            seconds, micros = await client.time()
+        finally:
+            await client.aclose()
         assert 0 < expiry_ms - (seconds * 1000 + micros / 1000) <= 200
 
         async def allowed() -> bool:
@@ -476,20 +488,39 @@ async def test_redis_open_uses_scaled_local_limits_while_down(
         await store.close()
 
 
+def count_tries(store: RedisRateLimitStore) -> Callable[[], int]:
+    """Counts what reaches (or tries to reach) Redis: each acquire script run with redis-py,
+    each connection attempt with the lean client (whose commands of one moment share one)."""
+    calls = 0
+    if store._lean is None:
+        script = store._acquire_script.redis_py
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await script(*args, **kwargs)
+
+        store._acquire_script.redis_py = counting
+    else:
+        lean = store._lean
+        start = lean._start_connecting
+
+        def connecting() -> None:
+            nonlocal calls
+            calls += 1
+            start()
+
+        lean._start_connecting = connecting  # type: ignore[method-assign]
+    return lambda: calls
+
+
+@pytest.mark.parametrize("client", ["shuniu", "redis-py"])
 async def test_redis_does_not_hammer_a_dead_server(
-    redis_server_factory: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+    redis_server_factory: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture, client: str
 ) -> None:
     server = redis_server_factory()
-    store = RedisRateLimitStore(RedisRateLimitOptions(url=server.url, retry_interval_s=30.0))
-    calls = 0
-    script = store._acquire_script
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return await script(*args, **kwargs)
-
-    store._acquire_script = counting  # type: ignore[assignment]
+    store = RedisRateLimitStore(RedisRateLimitOptions(url=server.url, retry_interval_s=30.0, client=client))
+    calls = count_tries(store)
     rate = Rate("k:a:rpd", 1000, DAY, 1)
     try:
         assert (await store.acquire([rate], [], "t")).allowed
@@ -498,11 +529,13 @@ async def test_redis_does_not_hammer_a_dead_server(
         decisions += [await store.acquire([rate], [], "t") for _ in range(200)]
         assert all(d.degraded and d.allowed for d in decisions)
         # the first call to fail opens the circuit; calls queued for a connection skip Redis
-        assert calls <= 1 + 64
-        before = calls
+        # (redis-py: at most one per pooled connection; the lean client: one reconnection
+        # for the whole burst)
+        assert calls() <= (1 + 64 if client == "redis-py" else 2)
+        before = calls()
         for _ in range(100):
             await store.acquire([rate], [], "t")
-        assert calls == before
+        assert calls() == before
     finally:
         await store.close()
 
@@ -514,7 +547,11 @@ def test_redis_calls_queued_too_long_count_as_an_outage(caplog: pytest.LogCaptur
 
     async def run() -> list[Decision]:
         options = RedisRateLimitOptions(
-            url="redis://127.0.0.1:1", max_connections=1, timeout_s=0.1, retry_interval_s=30.0
+            url="redis://127.0.0.1:1",
+            max_connections=1,
+            timeout_s=0.1,
+            retry_interval_s=30.0,
+            client="redis-py",  # a pool of connections (the lean client has one, pipelined)
         )
         store = RedisRateLimitStore(options)
 
@@ -522,7 +559,7 @@ def test_redis_calls_queued_too_long_count_as_an_outage(caplog: pytest.LogCaptur
             await asyncio.sleep(0.4)
             return [1, 0, 0, 99, 0]  # allowed; 99 left, nothing to reset
 
-        store._acquire_script = slow  # type: ignore[assignment]
+        store._acquire_script.redis_py = slow
         rate = Rate("k:a:rpd", 100, DAY, 1)
         try:
             return list(await asyncio.gather(*(store.acquire([rate], [], f"r{i}") for i in range(4))))
@@ -536,22 +573,37 @@ def test_redis_calls_queued_too_long_count_as_an_outage(caplog: pytest.LogCaptur
     assert len(warnings_of(caplog, "(StoreCongestedError: 1 calls in flight for over 1s)")) == 1
 
 
-async def test_redis_paused_server_times_out_fast(redis_server_factory: Callable[..., RedisServer]) -> None:
+@pytest.mark.parametrize("client", ["shuniu", "redis-py"])
+async def test_redis_paused_server_times_out_fast(
+    redis_server_factory: Callable[..., RedisServer], client: str
+) -> None:
     """A paused server costs one timeout, no retries; within the retry interval the store
-    does not ask it again. Counted in calls, on a clock the test moves."""
+    does not ask it again. Counted in script runs sent, on a clock the test moves."""
     server = redis_server_factory()
-    options = RedisRateLimitOptions(url=server.url, on_error="closed", timeout_s=0.2, retry_interval_s=0.1)
+    options = RedisRateLimitOptions(
+        url=server.url, on_error="closed", timeout_s=0.2, retry_interval_s=0.1, client=client
+    )
     clock = FakeClock()
     store = RedisRateLimitStore(options, clock=clock)
-    script = store._acquire_script
     calls = 0
+    if store._lean is None:
+        script = store._acquire_script.redis_py
 
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return await script(*args, **kwargs)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await script(*args, **kwargs)
 
-    store._acquire_script = counted  # type: ignore[assignment]
+        store._acquire_script.redis_py = counted
+    else:
+        send = store._lean.send
+
+        def sent(*args: Any) -> Any:
+            nonlocal calls
+            calls += args[0] == "EVALSHA"  # not the one-time EVAL that loads the script
+            return send(*args)
+
+        store._lean.send = sent  # type: ignore[method-assign]
     rate = Rate("k:a:rpd", 100, DAY, 1)
     try:
         assert (await store.acquire([rate], [], "t")).allowed

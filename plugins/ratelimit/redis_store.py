@@ -23,6 +23,7 @@ call goes to the primary the Sentinels name, the new one after a failover.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -37,12 +38,15 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.core.extras import require
-from shuniu.core.redis_client import check_redis_url, connect_redis, hash_tagged
+from shuniu.core.redis_client import check_redis_url, connect_redis, hash_tagged, parse_redis_url
+from shuniu.core.resp import RespClient, RespError
 from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+
+    from shuniu.core.redis_client import RedisConnection
 
 __all__ = ["RedisRateLimitOptions", "RedisRateLimitStore", "StoreCongestedError"]
 
@@ -227,6 +231,12 @@ class RedisRateLimitOptions(Options):
     max_connections: int = Field(64, ge=1)
     """Connections to Redis per gateway process (per node, for a Cluster); calls beyond
     wait for a free one (up to ``timeout_s``)."""
+    client: Literal["shuniu", "redis-py"] = "shuniu"
+    """How a gateway talks to a single server (``redis://``, ``unix://``): ``shuniu``, a
+    lean client that sends every check over one connection, pipelined with the other
+    requests' checks of the same moment (a fraction of redis-py's CPU per call; see
+    ``docs/design-choices.md``), or ``redis-py`` with a pool of ``max_connections``.
+    ``rediss://``, Sentinel and Cluster URLs always use redis-py."""
     retry_interval_s: float = Field(1.0, gt=0)
     """After a failure, how often one request tries Redis again; the others meanwhile
     answer per ``on_error`` without waiting on a dead server."""
@@ -247,6 +257,19 @@ def _secrets(url: str) -> list[str]:
     except ValueError:
         return []
     return [s for s in found if s]
+
+
+class _Lua:
+    """A script, run by its SHA-1 (``EVALSHA``), and by its text once when Redis does not
+    have it yet (after a restart or ``SCRIPT FLUSH``)."""
+
+    __slots__ = ("redis_py", "sha", "text")
+
+    def __init__(self, text: str, redis_py: Any) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+        self.redis_py = redis_py
+        """The redis-py ``Script`` (``None`` with the lean client)."""
 
 
 class RedisRateLimitStore(RateLimitStore):
@@ -279,18 +302,27 @@ class RedisRateLimitStore(RateLimitStore):
             extra["driver_info"] = DriverInfo()
         # No retries inside redis-py (connect_redis): a retry doubles the time a dead
         # server costs each request, and stale pooled connections are replaced at checkout.
-        self._redis = connect_redis(
-            options.url,
-            timeout_s=options.timeout_s,
-            max_connections=options.max_connections,
-            blocking=True,
-            what="The redis rate-limit store",
-            **extra,
-        )
-        self._client: Redis = self._redis.client
-        self._acquire_script = self._client.register_script(ACQUIRE_LUA)
-        self._settle_script = self._client.register_script(SETTLE_LUA)
-        cluster = self._redis.shape == "cluster"
+        target = parse_redis_url(options.url)
+        self._lean: RespClient | None = None
+        self._redis: RedisConnection | None = None
+        if options.client == "shuniu" and target.shape == "server" and not target.tls:
+            self._lean = RespClient.from_url(options.url, options.timeout_s)
+            self._errors = (RespError, OSError)
+            self._acquire_script = _Lua(ACQUIRE_LUA, None)
+            self._settle_script = _Lua(SETTLE_LUA, None)
+        else:
+            self._redis = connect_redis(
+                options.url,
+                timeout_s=options.timeout_s,
+                max_connections=options.max_connections,
+                blocking=True,
+                what="The redis rate-limit store",
+                **extra,
+            )
+            client: Redis = self._redis.client
+            self._acquire_script = _Lua(ACQUIRE_LUA, client.register_script(ACQUIRE_LUA))
+            self._settle_script = _Lua(SETTLE_LUA, client.register_script(SETTLE_LUA))
+        cluster = target.shape == "cluster"
         self._prefix = hash_tagged(options.key_prefix) if cluster else options.key_prefix
         self._fallback = (
             MemoryRateLimitStore(clock=clock, scale=options.fail_open_scale)
@@ -370,13 +402,30 @@ class RedisRateLimitStore(RateLimitStore):
         if self._replay is not None:
             self._replay.cancel()
             self._replay = None
-        await self._redis.close()
+        if self._lean is not None:
+            await self._lean.close()
+        if self._redis is not None:
+            await self._redis.close()
 
     # -- Redis ---------------------------------------------------------------------------
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any], probe: bool) -> Any:
+    async def _call(self, script: _Lua, keys: list[str], args: list[Any], probe: bool) -> Any:
         """Run ``script``; ``None`` when Redis failed, or was found down while this call
         waited for a connection (then it is not tried: the wait was long enough)."""
+        lean = self._lean
+        if lean is not None:
+            if self._down and not probe:
+                return None
+            try:
+                try:
+                    return await lean.send("EVALSHA", script.sha, len(keys), *keys, *args)
+                except RespError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        raise
+                    return await lean.send("EVAL", script.text, len(keys), *keys, *args)
+            except self._errors as exc:
+                self._failed(exc)
+                return None
         slots = self._slots
         if slots.locked():
             # Every connection is busy. Waiting is normal in a burst (new connections take
@@ -396,7 +445,7 @@ class RedisRateLimitStore(RateLimitStore):
         try:
             if self._down and not probe:
                 return None
-            return await script(keys=keys, args=args)
+            return await script.redis_py(keys=keys, args=args)
         except self._errors as exc:
             self._failed(exc)
             return None
