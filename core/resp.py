@@ -24,7 +24,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-import hiredis
+from shuniu.core.extras import require
 
 __all__ = ["RespClient", "RespError", "encode_command"]
 
@@ -55,7 +55,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, client: RespClient) -> None:
         self.client = client
-        self.reader = hiredis.Reader(replyError=RespError)
+        self.reader = client.hiredis.Reader(replyError=RespError)
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         """Futures of the commands written and not yet answered, with their deadlines."""
@@ -117,6 +117,7 @@ class RespClient:
     ) -> None:
         """``path``: a Unix socket instead of ``host:port``. ``timeout_s``: the longest wait
         to connect, and for any reply."""
+        self.hiredis = require("hiredis", "redis", "The lean Redis client")
         self.host, self.port, self.path = host, port, path
         self.timeout_s = timeout_s
         hello: list[bytes] = []
