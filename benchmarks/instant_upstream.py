@@ -19,6 +19,9 @@ Routes:
   floats or, with ``"encoding_format": "base64"``, packed; ``usage.prompt_tokens`` as below.
 * ``GET /v1/models``: the model list; ``GET /health``: ``{"status":"ok"}``.
 
+``--hold-s S`` holds every stream open: its head and first two events (the role chunk and
+one token) go out at once, the rest ``S`` seconds later (for ``benchmarks/open_streams.py``).
+
 ``prompt_tokens`` is an estimate (a quarter of the prompt's characters, at least 1): the
 upstream does no tokenizing. Every event of a stream is written with one ``write`` call, as
 an engine that had all tokens ready would send them.
@@ -49,6 +52,8 @@ DEFAULT_TOKENS = 16
 MAX_TOKENS = 4096
 DIM = 1024
 """Floats per embedding vector (``--dim``)."""
+HOLD_S = 0.0
+"""Seconds a stream is held open after its first two events (``--hold-s``); 0: none."""
 _CACHE_LIMIT = 512
 _ID_DIGITS = 16  # the response id's counter part; fixed width, so templates keep their lengths
 _ID_PLACEHOLDER = b"@" * _ID_DIGITS
@@ -342,6 +347,9 @@ class UpstreamProtocol(asyncio.Protocol):
             response, has_id = hit
             if has_id:
                 response = response.replace(_ID_PLACEHOLDER, b"%016x" % next(_counter))
+            if HOLD_S and response.startswith(_STREAM_HEAD):
+                self._hold(response, close)
+                return
             self._reply(response, close)
         elif path == b"/v1/models" and method == b"GET":
             self._reply(_MODELS, close)
@@ -357,6 +365,20 @@ class UpstreamProtocol(asyncio.Protocol):
                 ),
                 close,
             )
+
+    def _hold(self, response: bytes, close: bool) -> None:
+        """Send the head and the first two events now, the rest after ``HOLD_S``."""
+        cut = len(_STREAM_HEAD)
+        for _ in range(2):
+            end = response.find(b"\n\n\r\n", cut)
+            if end < 0:
+                break
+            cut = end + 4
+        t = self._transport
+        if t is None:
+            return
+        t.write(response[:cut])
+        asyncio.get_running_loop().call_later(HOLD_S, self._reply, response[cut:], close)
 
     def _reply(self, data: bytes, close: bool) -> None:
         t = self._transport
@@ -375,7 +397,7 @@ async def start_server(host: str = "127.0.0.1", port: int = 0) -> asyncio.Server
 
 
 def main(argv: list[str] | None = None) -> None:
-    global DEFAULT_TOKENS, DIM
+    global DEFAULT_TOKENS, DIM, HOLD_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000, help="0 picks a free port (default 9000)")
@@ -383,7 +405,9 @@ def main(argv: list[str] | None = None) -> None:
         "--tokens", type=int, default=DEFAULT_TOKENS, help="tokens when a request sets no max_tokens"
     )
     parser.add_argument("--dim", type=int, default=DIM, help="floats per embedding vector")
+    parser.add_argument("--hold-s", type=float, default=0.0, help="hold each stream open this long")
     args = parser.parse_args(argv)
+    HOLD_S = max(0.0, args.hold_s)
     DEFAULT_TOKENS = max(1, min(MAX_TOKENS, args.tokens))
     DIM = max(1, args.dim)
 
