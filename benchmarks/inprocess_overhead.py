@@ -46,30 +46,32 @@ models:
   m:
     endpoints: [{kind: instant}]
 """
-FULL = f"""
+AUTH = f"""
 auth:
   authenticators:
     - kind: api_keys
       options:
         keys: [{{id: k1, hash: "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}", tenant: t1, tier: free}}]
+"""
+FULL = (
+    AUTH
+    + """
 tiers:
-  free: {{priority: 1, tenant_limits: {{rpm: 100000000, tpm: 1000000000}}}}
-rate_limits: {{store: memory}}
-cache: {{store: memory}}
+  free: {priority: 1, tenant_limits: {rpm: 100000000, tpm: 1000000000}}
+rate_limits: {store: memory}
+cache: {store: memory}
 models:
   m:
-    balancer: {{policy: prefix_affinity}}
-    scheduler: {{policy: priority}}
-    endpoints: [{{kind: instant, replicas: 4}}]
+    balancer: {policy: prefix_affinity}
+    scheduler: {policy: priority}
+    endpoints: [{kind: instant, replicas: 4}]
 """
+)
 
 NEVER_BINDING = "{rpm: 10000000, tpm: 10000000000, concurrency: 100000}"
-FEATURES = f"""
-auth:
-  authenticators:
-    - kind: api_keys
-      options:
-        keys: [{{id: k1, hash: "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}", tenant: t1, tier: free}}]
+FEATURES = (
+    AUTH
+    + f"""
 tiers:
   free: {{key_limits: {NEVER_BINDING}, tenant_limits: {NEVER_BINDING}}}
 rate_limits: {{store: memory}}
@@ -79,6 +81,7 @@ models:
     scheduler: {{policy: priority}}
     endpoints: [{{kind: instant}}]
 """
+)
 
 GOVERNED = (
     PLAIN

@@ -488,9 +488,9 @@ async def test_redis_open_uses_scaled_local_limits_while_down(
         await store.close()
 
 
-def count_tries(store: RedisRateLimitStore) -> Callable[[], int]:
-    """Counts what reaches (or tries to reach) Redis: each acquire script run with redis-py,
-    each connection attempt with the lean client (whose commands of one moment share one)."""
+def count_scripts(store: RedisRateLimitStore) -> Callable[[], int]:
+    """Counts the acquire scripts sent to Redis: redis-py's script calls, the lean client's
+    ``EVALSHA`` commands (not the one-time ``EVAL`` that loads the script)."""
     calls = 0
     if store._lean is None:
         script = store._acquire_script.redis_py
@@ -502,15 +502,32 @@ def count_tries(store: RedisRateLimitStore) -> Callable[[], int]:
 
         store._acquire_script.redis_py = counting
     else:
-        lean = store._lean
-        start = lean._start_connecting
+        send = store._lean.send
 
-        def connecting() -> None:
+        def sent(*args: Any) -> Any:
             nonlocal calls
-            calls += 1
-            start()
+            calls += args[0] == "EVALSHA"
+            return send(*args)
 
-        lean._start_connecting = connecting  # type: ignore[method-assign]
+        store._lean.send = sent  # type: ignore[method-assign]
+    return lambda: calls
+
+
+def count_tries(store: RedisRateLimitStore) -> Callable[[], int]:
+    """Counts what reaches (or tries to reach) Redis: each acquire script run with redis-py,
+    each connection attempt with the lean client (whose commands of one moment share one)."""
+    if store._lean is None:
+        return count_scripts(store)
+    calls = 0
+    lean = store._lean
+    start = lean._start_connecting
+
+    def connecting() -> None:
+        nonlocal calls
+        calls += 1
+        start()
+
+    lean._start_connecting = connecting  # type: ignore[method-assign]
     return lambda: calls
 
 
@@ -585,39 +602,21 @@ async def test_redis_paused_server_times_out_fast(
     )
     clock = FakeClock()
     store = RedisRateLimitStore(options, clock=clock)
-    calls = 0
-    if store._lean is None:
-        script = store._acquire_script.redis_py
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            return await script(*args, **kwargs)
-
-        store._acquire_script.redis_py = counted
-    else:
-        send = store._lean.send
-
-        def sent(*args: Any) -> Any:
-            nonlocal calls
-            calls += args[0] == "EVALSHA"  # not the one-time EVAL that loads the script
-            return send(*args)
-
-        store._lean.send = sent  # type: ignore[method-assign]
+    calls = count_scripts(store)
     rate = Rate("k:a:rpd", 100, DAY, 1)
     try:
         assert (await store.acquire([rate], [], "t")).allowed
         server.pause()
         d = await store.acquire([rate], [], "t")
         assert d.degraded and d.denied == "store_unavailable"
-        assert calls == 2  # one call timed out; nothing was retried
+        assert calls() == 2  # one call timed out; nothing was retried
         for _ in range(100):  # within the retry interval: the dead server is not asked
             assert (await store.acquire([rate], [], "t")).degraded
-        assert calls == 2
+        assert calls() == 2
         server.resume()
         clock.advance(0.1)  # the retry interval is over: the next call probes, and succeeds
         assert not (await store.acquire([rate], [], "t")).degraded
-        assert calls == 3
+        assert calls() == 3
     finally:
         server.resume()
         await store.close()
