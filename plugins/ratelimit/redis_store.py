@@ -5,7 +5,8 @@ gateways. The scripts read the clock with ``TIME`` on the Redis server, so the g
 clocks never enter the arithmetic. A GCRA key is a string holding its ``tat`` in
 microseconds since 1970, with an expiry at that ``tat`` (an idle key vanishes once it has
 refilled); a concurrency key is a sorted set of request tokens scored by when their lease
-expires, so leases of a gateway that died are dropped after ``Lease.ttl_s``.
+expires, so leases of a gateway that died stop counting after ``Lease.ttl_s`` (they are
+removed when the set next looks full: a check of a set below its limit is one ``ZCARD``).
 
 When Redis cannot be reached (refused, timed out, loading, wrong password, ...) the store
 either refuses every limited request (``on_error: closed``) or falls back to limits kept in
@@ -112,11 +113,15 @@ local now_ms = now / 1000
 for j = 1, m do
   local key = KEYS[n + j]
   local limit = tonumber(ARGV[2 + 3 * n + 2 * j - 1])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now_ms))
-  if not redis.call('ZSCORE', key, token) and redis.call('ZCARD', key) >= limit then
-    if worst ~= -1 and 1000000 > worst then
-      worst = 1000000
-      denied = n + j
+  -- Expired leases (of a gateway that died) and this token's own lease matter only when the
+  -- set looks full: then drop the expired ones and look again.
+  if redis.call('ZCARD', key) >= limit then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now_ms))
+    if not redis.call('ZSCORE', key, token) and redis.call('ZCARD', key) >= limit then
+      if worst ~= -1 and 1000000 > worst then
+        worst = 1000000
+        denied = n + j
+      end
     end
   end
 end
