@@ -198,9 +198,15 @@ def test_entries_from_elsewhere_are_misses_not_errors() -> None:
     asyncio.run(run())
 
 
-def test_redis_store_shares_entries_and_fill_locks(redis_url: str) -> None:
+CLIENTS = pytest.mark.parametrize("client", ["shuniu", "redis-py"])
+"""The Redis store's two clients: the lean pipelined one (the default) and redis-py."""
+
+
+@CLIENTS
+def test_redis_store_shares_entries_and_fill_locks(redis_url: str, client: str) -> None:
     async def run() -> None:
-        a, b = RedisCache(RedisCacheOptions(url=redis_url)), RedisCache(RedisCacheOptions(url=redis_url))
+        a = RedisCache(RedisCacheOptions(url=redis_url, client=client))
+        b = RedisCache(RedisCacheOptions(url=redis_url, client=client))
         try:
             assert await a.get("k") is None
             await a.put("k", b"v", 5)
@@ -218,10 +224,12 @@ def test_redis_store_shares_entries_and_fill_locks(redis_url: str) -> None:
     asyncio.run(run())
 
 
-def test_two_processes_worth_of_caches_fill_once_through_redis(redis_url: str) -> None:
+@CLIENTS
+def test_two_processes_worth_of_caches_fill_once_through_redis(redis_url: str, client: str) -> None:
     async def run() -> None:
         caches = [
-            ResponseCache(CacheConfig(), RedisCache(RedisCacheOptions(url=redis_url))) for _ in range(2)
+            ResponseCache(CacheConfig(), RedisCache(RedisCacheOptions(url=redis_url, client=client)))
+            for _ in range(2)
         ]
         req = _req(BODY)
         key = caches[0].key(req, "m", "v1")
@@ -250,12 +258,14 @@ def test_two_processes_worth_of_caches_fill_once_through_redis(redis_url: str) -
     asyncio.run(run())
 
 
-def test_redis_store_outage_is_a_miss_logged_once(redis_server_factory, caplog) -> None:  # type: ignore[no-untyped-def]
+@CLIENTS
+def test_redis_store_outage_is_a_miss_logged_once(redis_server_factory, caplog, client) -> None:  # type: ignore[no-untyped-def]
     server = redis_server_factory(password="s3cret")
     caplog.set_level(logging.WARNING, logger="shuniu.cache.redis")
 
     async def run() -> None:
-        store = RedisCache(RedisCacheOptions(url=server.url, timeout_s=0.2, retry_after_s=0.05))
+        options = RedisCacheOptions(url=server.url, timeout_s=0.2, retry_after_s=0.05, client=client)
+        store = RedisCache(options)
         try:
             await store.put("k", b"v", 60)
             assert await store.get("k") == b"v"

@@ -8,10 +8,11 @@ the recovery are logged once each, not per request.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -19,7 +20,8 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import CacheStore, RegisterCacheStore
 from shuniu.core.extras import require
-from shuniu.core.redis_client import check_redis_url, connect_redis
+from shuniu.core.redis_client import check_redis_url, connect_redis, parse_redis_url
+from shuniu.core.resp import RespClient, RespError
 from shuniu.core.urls import redact_url
 
 __all__ = ["RedisCache", "RedisCacheOptions"]
@@ -33,6 +35,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+_UNLOCK_SHA = hashlib.sha1(_UNLOCK.encode()).hexdigest()
 
 
 class RedisCacheOptions(Options):
@@ -49,7 +52,12 @@ class RedisCacheOptions(Options):
     retry_after_s: float = Field(1.0, gt=0)
     """After a failure, how long to treat Redis as down before trying it again."""
     max_connections: int = Field(64, ge=1)
-    """Connection pool size (per node, for a Cluster)."""
+    """Connection pool size (per node, for a Cluster; redis-py only)."""
+    client: Literal["shuniu", "redis-py"] = "shuniu"
+    """How a gateway talks to a single server (``redis://``, ``unix://``): ``shuniu``, the
+    lean pipelined client the rate-limit store uses (one connection; see
+    ``docs/design-choices.md``), or ``redis-py``. ``rediss://``, Sentinel and Cluster URLs
+    always use redis-py."""
 
     @field_validator("url")
     @classmethod
@@ -62,17 +70,25 @@ class RedisCache(CacheStore):
 
     def __init__(self, options: RedisCacheOptions | None = None) -> None:
         opts = options or RedisCacheOptions()
-        self._errors = require("redis.exceptions", "redis", "The redis cache store")
+        errors = require("redis.exceptions", "redis", "The redis cache store")
         self.options = opts
         self._prefix = opts.key_prefix
-        self._redis = connect_redis(
-            opts.url,
-            timeout_s=opts.timeout_s,
-            max_connections=opts.max_connections,
-            what="The redis cache store",
-        )
-        self._client: Any = self._redis.client
-        self._unlock = self._client.register_script(_UNLOCK)
+        target = parse_redis_url(opts.url)
+        self._lean: RespClient | None = None
+        self._redis: Any = None
+        if opts.client == "shuniu" and target.shape == "server" and not target.tls:
+            self._lean = RespClient.from_url(opts.url, opts.timeout_s)
+            self._errors: tuple[type[BaseException], ...] = (RespError, OSError)
+        else:
+            self._errors = (errors.RedisError, OSError)
+            self._redis = connect_redis(
+                opts.url,
+                timeout_s=opts.timeout_s,
+                max_connections=opts.max_connections,
+                what="The redis cache store",
+            )
+            self._client: Any = self._redis.client
+            self._unlock = self._client.register_script(_UNLOCK)
         self._owner = os.urandom(8).hex()
         self._down_until = 0.0
         self.down = False
@@ -104,8 +120,12 @@ class RedisCache(CacheStore):
         if not self._available():
             return None
         try:
-            value = await self._client.get(self._prefix + key)
-        except (self._errors.RedisError, OSError) as exc:
+            lean = self._lean
+            if lean is not None:
+                value = await lean.send("GET", self._prefix + key)
+            else:
+                value = await self._client.get(self._prefix + key)
+        except self._errors as exc:
             self._failed(exc)
             return None
         self._ok()
@@ -115,8 +135,12 @@ class RedisCache(CacheStore):
         if not self._available():
             return
         try:
-            await self._client.set(self._prefix + key, value, px=max(1, int(ttl_s * 1000)))
-        except (self._errors.RedisError, OSError) as exc:
+            ms = max(1, int(ttl_s * 1000))
+            if self._lean is not None:
+                await self._lean.send("SET", self._prefix + key, value, "PX", ms)
+            else:
+                await self._client.set(self._prefix + key, value, px=ms)
+        except self._errors as exc:
             self._failed(exc)
             return
         self._ok()
@@ -125,10 +149,12 @@ class RedisCache(CacheStore):
         if not self._available():
             return True
         try:
-            got = await self._client.set(
-                self._prefix + "lock:" + key, self._owner, nx=True, px=max(1, int(ttl_s * 1000))
-            )
-        except (self._errors.RedisError, OSError) as exc:
+            name, ms = self._prefix + "lock:" + key, max(1, int(ttl_s * 1000))
+            if self._lean is not None:
+                got = await self._lean.send("SET", name, self._owner, "NX", "PX", ms)
+            else:
+                got = await self._client.set(name, self._owner, nx=True, px=ms)
+        except self._errors as exc:
             self._failed(exc)
             return True
         self._ok()
@@ -137,13 +163,26 @@ class RedisCache(CacheStore):
     async def unlock(self, key: str) -> None:
         if not self._available():
             return
+        name = self._prefix + "lock:" + key
         try:
-            await self._unlock(keys=[self._prefix + "lock:" + key], args=[self._owner])
-        except (self._errors.RedisError, OSError) as exc:
+            lean = self._lean
+            if lean is None:
+                await self._unlock(keys=[name], args=[self._owner])
+                return
+            try:
+                await lean.send("EVALSHA", _UNLOCK_SHA, 1, name, self._owner)
+            except RespError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise
+                await lean.send("EVAL", _UNLOCK, 1, name, self._owner)
+        except self._errors as exc:
             self._failed(exc)
 
     async def close(self) -> None:
-        await self._redis.close()
+        if self._lean is not None:
+            await self._lean.close()
+        if self._redis is not None:
+            await self._redis.close()
 
 
 @hookimpl
