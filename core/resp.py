@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 from shuniu.core.extras import require
+from shuniu.core.redis_client import parse_redis_url
 
 __all__ = ["RespClient", "RespError", "encode_command"]
 
@@ -152,6 +153,16 @@ class RespClient:
             timeout_s=timeout_s,
         )
 
+    @classmethod
+    def for_url(cls, url: str, client: str, timeout_s: float) -> RespClient | None:
+        """The lean client for a store's ``url`` when its ``client`` option asks for it
+        (``shuniu``) and the URL names one server without TLS; ``None`` otherwise (the store
+        then uses redis-py)."""
+        target = parse_redis_url(url)
+        if client != "shuniu" or target.shape != "server" or target.tls:
+            return None
+        return cls.from_url(url, timeout_s)
+
     # -- commands ------------------------------------------------------------------------
 
     def send(self, *args: Any) -> asyncio.Future[Any]:
@@ -172,6 +183,16 @@ class RespClient:
     async def execute(self, *args: Any) -> Any:
         """One command's reply."""
         return await self.send(*args)
+
+    async def run_script(self, sha: str, text: str, keys: list[str], args: list[Any]) -> Any:
+        """A Lua script's reply, run by its SHA-1 (``EVALSHA``), and by its ``text`` when
+        Redis does not have it yet (after a restart or ``SCRIPT FLUSH``), which loads it."""
+        try:
+            return await self.send("EVALSHA", sha, len(keys), *keys, *args)
+        except RespError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+            return await self.send("EVAL", text, len(keys), *keys, *args)
 
     async def close(self) -> None:
         """Fail what is still waiting and close the connection."""

@@ -20,7 +20,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import CacheStore, RegisterCacheStore
 from shuniu.core.extras import require
-from shuniu.core.redis_client import check_redis_url, connect_redis, parse_redis_url
+from shuniu.core.redis_client import check_redis_url, connect_redis
 from shuniu.core.resp import RespClient, RespError
 from shuniu.core.urls import redact_url
 
@@ -73,11 +73,9 @@ class RedisCache(CacheStore):
         errors = require("redis.exceptions", "redis", "The redis cache store")
         self.options = opts
         self._prefix = opts.key_prefix
-        target = parse_redis_url(opts.url)
-        self._lean: RespClient | None = None
+        self._lean = RespClient.for_url(opts.url, opts.client, opts.timeout_s)
         self._redis: Any = None
-        if opts.client == "shuniu" and target.shape == "server" and not target.tls:
-            self._lean = RespClient.from_url(opts.url, opts.timeout_s)
+        if self._lean is not None:
             self._errors: tuple[type[BaseException], ...] = (RespError, OSError)
         else:
             self._errors = (errors.RedisError, OSError)
@@ -169,12 +167,7 @@ class RedisCache(CacheStore):
             if lean is None:
                 await self._unlock(keys=[name], args=[self._owner])
                 return
-            try:
-                await lean.send("EVALSHA", _UNLOCK_SHA, 1, name, self._owner)
-            except RespError as exc:
-                if not str(exc).startswith("NOSCRIPT"):
-                    raise
-                await lean.send("EVAL", _UNLOCK, 1, name, self._owner)
+            await lean.run_script(_UNLOCK_SHA, _UNLOCK, [name], [self._owner])
         except self._errors as exc:
             self._failed(exc)
 

@@ -39,7 +39,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.core.extras import require
-from shuniu.core.redis_client import check_redis_url, connect_redis, hash_tagged, parse_redis_url
+from shuniu.core.redis_client import check_redis_url, connect_redis, hash_tagged
 from shuniu.core.resp import RespClient, RespError
 from shuniu.core.urls import redact_url
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
@@ -307,11 +307,9 @@ class RedisRateLimitStore(RateLimitStore):
             extra["driver_info"] = DriverInfo()
         # No retries inside redis-py (connect_redis): a retry doubles the time a dead
         # server costs each request, and stale pooled connections are replaced at checkout.
-        target = parse_redis_url(options.url)
-        self._lean: RespClient | None = None
+        self._lean = RespClient.for_url(options.url, options.client, options.timeout_s)
         self._redis: RedisConnection | None = None
-        if options.client == "shuniu" and target.shape == "server" and not target.tls:
-            self._lean = RespClient.from_url(options.url, options.timeout_s)
+        if self._lean is not None:
             self._errors = (RespError, OSError)
             self._acquire_script = _Lua(ACQUIRE_LUA, None)
             self._settle_script = _Lua(SETTLE_LUA, None)
@@ -327,7 +325,7 @@ class RedisRateLimitStore(RateLimitStore):
             client: Redis = self._redis.client
             self._acquire_script = _Lua(ACQUIRE_LUA, client.register_script(ACQUIRE_LUA))
             self._settle_script = _Lua(SETTLE_LUA, client.register_script(SETTLE_LUA))
-        cluster = target.shape == "cluster"
+        cluster = self._redis is not None and self._redis.shape == "cluster"
         self._prefix = hash_tagged(options.key_prefix) if cluster else options.key_prefix
         self._fallback = (
             MemoryRateLimitStore(clock=clock, scale=options.fail_open_scale)
@@ -422,12 +420,7 @@ class RedisRateLimitStore(RateLimitStore):
             if self._down and not probe:
                 return None
             try:
-                try:
-                    return await lean.send("EVALSHA", script.sha, len(keys), *keys, *args)
-                except RespError as exc:
-                    if not str(exc).startswith("NOSCRIPT"):
-                        raise
-                    return await lean.send("EVAL", script.text, len(keys), *keys, *args)
+                return await lean.run_script(script.sha, script.text, keys, args)
             except self._errors as exc:
                 self._failed(exc)
                 return None
