@@ -69,20 +69,23 @@ def acquire(
     return acquiring if trace is None else traced(trace, "shuniu.rate_limit", acquiring)
 
 
+def _used(progress: Progress) -> int:
+    """The tokens a request is charged: a cached answer cost the engines nothing, so its
+    whole token reservation goes back."""
+    return 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
+
+
 async def settle(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:
     """Give back the unused part of the token reservation, and the leases."""
-    # A cached answer cost the engines nothing: its whole token reservation goes back.
-    used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
     try:
-        await tenancy.settle(admission, used)
+        await tenancy.settle(admission, _used(progress))
     except Exception:
         log.exception("settling rate limits failed")
 
 
 def settle_now(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:
     """:func:`settle` for a store that keeps its state in this process (``tenancy.sync``)."""
-    used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens
     try:
-        tenancy.settle_now(admission, used)
+        tenancy.settle_now(admission, _used(progress))
     except Exception:
         log.exception("settling rate limits failed")

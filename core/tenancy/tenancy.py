@@ -316,20 +316,25 @@ class Tenancy:
         decision = self._acquire_now(rates, plan.leases, token)  # type: ignore[misc]
         return self._admission(decision, plan, token_rates, reserved, token)
 
+    @staticmethod
+    def _adjustments(admission: Admission, used_tokens: int) -> list[tuple[Rate, float]]:
+        """Each token rate moved by what the request used beyond (or short of) its
+        reservation; empty when it used exactly that."""
+        delta = float(used_tokens - admission.reserved)
+        return [(rate, delta) for rate in admission.tokens] if delta else []
+
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """Give back the unused part of the token reservation and the leases."""
         store = self.store
         if store is None:
             return
-        delta = float(used_tokens - admission.reserved)
-        adjust = [(rate, delta) for rate in admission.tokens] if delta else []
+        adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
             await store.settle(adjust, admission.leases, admission.token)
 
     def settle_now(self, admission: Admission, used_tokens: int) -> None:
         """:meth:`settle` without a coroutine (:attr:`sync` is true)."""
-        delta = float(used_tokens - admission.reserved)
-        adjust = [(rate, delta) for rate in admission.tokens] if delta else []
+        adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
             self._settle_now(adjust, admission.leases, admission.token)  # type: ignore[misc]
 
@@ -344,18 +349,14 @@ class Tenancy:
             return []
         out: list[tuple[bytes, bytes]] = []
         if n:
-            best, low = 0, remaining[0]
-            for i in range(1, n):
-                if remaining[i] < low:
-                    best, low = i, remaining[i]
+            best = _tightest(remaining, 0, n)
+            low = remaining[best]
             out.append((_LIMIT_REQUESTS, plan.request_limits[best]))
             out.append((_REMAINING_REQUESTS, b"%d" % low if low > 0 else b"0"))
             out.append((_RESET_REQUESTS, reset_bytes(reset[best])))
         if plan.token_limits:
-            best, low = n, remaining[n]
-            for i in range(n + 1, len(remaining)):
-                if remaining[i] < low:
-                    best, low = i, remaining[i]
+            best = _tightest(remaining, n, len(remaining))
+            low = remaining[best]
             out.append((_LIMIT_TOKENS, plan.token_limits[best - n]))
             out.append((_REMAINING_TOKENS, b"%d" % low if low > 0 else b"0"))
             out.append((_RESET_TOKENS, reset_bytes(reset[best])))
@@ -414,6 +415,16 @@ def limits_in_use(deployment: Deployment, authenticator_options: Mapping[int, An
         isinstance(options, AuthenticatorOptions) and options.sets_limits()
         for options in authenticator_options.values()
     )
+
+
+def _tightest(remaining: tuple[float, ...], start: int, end: int) -> int:
+    """The index, in ``start`` to ``end``, of the limit with the least left (the first on a
+    tie)."""
+    best, low = start, remaining[start]
+    for i in range(start + 1, end):
+        if remaining[i] < low:
+            best, low = i, remaining[i]
+    return best
 
 
 def reset_bytes(seconds: float) -> bytes:

@@ -15,14 +15,13 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
-from math import floor
 
 from pydantic import Field
 
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
-from shuniu.plugins.ratelimit.gcra import EPSILON_S, INF
+from shuniu.plugins.ratelimit.gcra import EPSILON_S, INF, remaining
 
 __all__ = ["MemoryRateLimitOptions", "MemoryRateLimitStore"]
 
@@ -144,17 +143,15 @@ class MemoryRateLimitStore(RateLimitStore):
                     held[lease.key] = holders = {}
                 holders[token] = now + lease.ttl_s
             return Decision(True, worst, None, tuple(left), tuple(debts))
-        # Nothing recorded: report the keys as they were.
+        # Nothing recorded: report the keys as they were (a refusal is rare: no need to be
+        # quick here).
         debts = []
         left = []
         for rate in rates:
-            limit = rate.limit * scale
-            period = rate.period_s
             tat = tats.get(rate.key, now)
             debt = tat - now if tat > now else 0.0
             debts.append(debt)
-            units = floor((period + EPSILON_S - debt) * limit / period) if limit > 0.0 else 0
-            left.append(0.0 if units <= 0 else float(min(units, floor(limit))))
+            left.append(remaining(debt, rate.limit * scale, rate.period_s))
         return Decision(False, worst, denied, tuple(left), tuple(debts))
 
     def settle_now(self, adjust: Sequence[tuple[Rate, float]], leases: Sequence[Lease], token: str) -> None:
