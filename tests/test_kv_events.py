@@ -157,8 +157,9 @@ def test_the_simulators_events_agree_with_its_cache_block_for_block() -> None:
                 core.kv_events = []
     assert core.pool.evictions > 0  # the cache was too small: removals were published too
     for prompt in [*prompts, synthetic_ids(99, 20)]:
+        # the engine's chain: hash((previous, block)) from the block size on
         engine_hashes: list[int] = []
-        h = 0
+        h = 4
         for b in range(len(prompt) // 4):
             h = hash((h, tuple(prompt[b * 4 : (b + 1) * 4])))
             engine_hashes.append(h)

@@ -229,3 +229,23 @@ def test_tenants_share_the_pool_by_weight_whichever_gateway_they_use(gateways: i
     if gateways > 1:
         by_demand = shares("demand")
         assert by_demand["flood"] > 0.45, by_demand
+
+
+def test_a_run_stops_once_its_ttft_verdict_is_settled() -> None:
+    # One slow engine under far more load than it serves: TTFTs grow without bound. Asked to
+    # stop once more than 20 requests took over 2 s to a first token, the run ends early,
+    # leaves the rest unfinished and says when; the same run without it goes to the end.
+    resolved = _deployment("{ttft_ms: 0, tokens_per_s: 20, prefill_tokens_per_s: 2000}", replicas=1)
+    overload = load_workload(
+        "over",
+        text="name: over\nduration_s: 120\nstreams:\n  - arrival: {rate: 20}\n"
+        "    input_tokens: 500\n    output_tokens: 50\n",
+    )
+    full = simulate(resolved, load_plugins(), overload, duration=120).summary()
+    stopped = simulate(resolved, load_plugins(), overload, duration=120, stop_after=(2.0, 20)).summary()
+    assert full["stopped_at"] is None and full["unfinished"] == 0
+    assert stopped["stopped_at"] is not None and stopped["stopped_at"] < 60
+    assert stopped["requests_arrived"] < full["requests_arrived"] / 2
+    assert stopped["unfinished"] > 0
+    # by then more than 20 requests had a TTFT above 2 s
+    assert stopped["requests_completed"] > 20 and stopped["ttft_p99"] > 2.0

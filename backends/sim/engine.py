@@ -16,6 +16,7 @@ virtual-time loop of ``shuniu simulate`` the same code runs hours of traffic in 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import math
 import random
@@ -135,7 +136,10 @@ class Seq:
         self.output_count = 0
         self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
         self.blocks: list[int] = []
-        self.hashes: list[int] = []  # chained hashes of the full blocks known so far
+        self.hashes: list[int] = []
+        """Chained hashes of the full blocks known so far: ``hash((previous, block tokens))``
+        from the block size on (what ``core.pools.prefix.prefix_hashes`` computes for blocks of
+        token ids, so a caller may hand those in)."""
         self.num_hashed = 0  # of self.blocks, how many are registered in the prefix cache
         self.preemptions = 0
         self.first_token_at: float | None = None
@@ -152,10 +156,20 @@ class Seq:
 class Batch:
     """One planned iteration."""
 
-    __slots__ = ("decode_kv_tokens", "decode_seqs", "items", "new_seqs", "prefill_attn", "prefill_tokens")
+    __slots__ = (
+        "decode_kv_tokens",
+        "decode_seqs",
+        "items",
+        "new_seqs",
+        "preempted",
+        "prefill_attn",
+        "prefill_tokens",
+    )
 
     def __init__(self) -> None:
         self.items: list[tuple[Seq, int]] = []
+        self.preempted = False
+        """Whether planning it preempted a running sequence."""
         self.prefill_tokens = 0
         self.prefill_attn = 0.0
         self.decode_seqs = 0
@@ -297,10 +311,23 @@ class EngineCore:
         bs = self.config.block_size
         full = upto_tokens // bs
         hashes = seq.hashes
-        h = hashes[-1] if hashes else 0
-        for b in range(len(hashes), full):
+        have = len(hashes)
+        if have >= full:
+            return
+        # The chain starts from the block size, as the gateway's prefix_hashes starts it: a
+        # request that arrives with those hashes (Seq.hashes) is not hashed twice.
+        h = hashes[-1] if hashes else bs
+        append = hashes.append
+        # The prompt's blocks first, sliced straight from it (most of the hashing of a long
+        # multi-turn prompt); the blocks that reach into the output go through _all_tokens.
+        prompt = seq.prompt
+        in_prompt = min(full, seq.prompt_len // bs)
+        for start in range(have * bs, in_prompt * bs, bs):
+            h = hash((h, tuple(prompt[start : start + bs])))
+            append(h)
+        for b in range(max(have, in_prompt), full):
             h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
-            hashes.append(h)
+            append(h)
 
     def _blocks_for(self, tokens: int) -> int:
         bs = self.config.block_size
@@ -373,6 +400,7 @@ class EngineCore:
                 prefill_tokens += n
                 prefill_attn += n * (nc + n / 2)
             i += 1
+        batch.preempted = preempted
         batch.decode_seqs = decode_seqs
         batch.decode_kv_tokens = decode_kv
         batch.prefill_tokens = prefill_tokens
@@ -437,15 +465,7 @@ class EngineCore:
             nc = seq.num_computed + n
             seq.num_computed = nc
             if caching and nc >= (seq.num_hashed + 1) * bs:
-                full = nc // bs
-                self._extend_hashes(seq, full * bs)
-                hashes, blocks = seq.hashes, seq.blocks
-                if events is None:
-                    for b in range(seq.num_hashed, full):
-                        pool.register(blocks[b], hashes[b])
-                else:
-                    self._register_publishing(seq, full)
-                seq.num_hashed = full
+                self._register_full(seq, nc // bs)
             oc = seq.output_count
             if nc < seq.prompt_len + oc:
                 continue  # a prefill chunk that did not reach the end of the prompt
@@ -469,6 +489,124 @@ class EngineCore:
         self.generated_tokens += generated
         for last, count in gaps.items():
             self.itl.add(now - last, count)
+
+    # -- decode leaps (virtual time) -------------------------------------------------------
+
+    def leap_length(self, batch: Batch, cap: int) -> int:
+        """How many decode iterations, ``batch`` first, run before anything changes but the
+        tokens: 1 unless the batch is decode-only and holds every running sequence, nothing
+        waiting could join, and no sequence finishes before the last one; at most ``cap``,
+        and no more than the free KV blocks carry without a preemption. Within that many
+        iterations each one is ``batch`` again, one token longer per sequence, so
+        :meth:`advance` can commit them together."""
+        running = self.running
+        if (
+            batch.prefill_tokens
+            or batch.new_seqs
+            or batch.preempted
+            or len(batch.items) != len(running)
+            or batch.decode_seqs != len(running)
+        ):
+            return 1
+        cfg = self.config
+        if self.num_waiting and len(running) < cfg.max_num_seqs and cfg.max_num_batched_tokens > len(running):
+            return 1  # something waits for blocks: per iteration, as a preemption may follow
+        k = cap
+        for seq, _ in batch.items:
+            left = seq.max_output - seq.output_count
+            if left < k:
+                k = left
+        if k <= 1:
+            return 1
+        free = self.pool.available
+        if self._leap_blocks(batch, k) > free:
+            lo, hi = 1, k - 1  # the longest leap the free blocks carry (1 always does)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._leap_blocks(batch, mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        return k
+
+    def _leap_blocks(self, batch: Batch, k: int) -> int:
+        """Blocks ``k`` decode iterations of ``batch`` need beyond those already held."""
+        bs = self.config.block_size
+        extra = 0
+        for seq, _ in batch.items:
+            need = (seq.num_computed + k + bs - 1) // bs - len(seq.blocks)
+            if need > 0:
+                extra += need
+        return extra
+
+    def advance(self, batch: Batch, ends: list[float], start: int, stop: int, last: int) -> None:
+        """Commit decode iterations ``start`` to ``stop - 1`` of a leap of ``last`` iterations
+        planned on ``batch`` (:meth:`leap_length`); iteration ``i`` ended at ``ends[i]``. The
+        same state as applying them one at a time: tokens, KV blocks (those of the iteration
+        still running included), the prefix cache, the counters and histograms; sequences
+        finish at the leap's last iteration."""
+        m = stop - start
+        if m <= 0:
+            return
+        self.iterations += m
+        cfg = self.config
+        bs = cfg.block_size
+        caching = cfg.prefix_caching
+        pool = self.pool
+        events = self.kv_events
+        ahead = 0 if stop == last else 1  # the iteration in progress holds its block already
+        when = ends[stop - 1]
+        first_gaps: dict[float, int] = {}
+        live = 0
+        finishing: list[Seq] = []
+        for seq, _ in batch.items:
+            if seq.status != RUNNING:
+                continue  # aborted meanwhile
+            live += 1
+            nc = seq.num_computed + m
+            seq.num_computed = nc
+            blocks = seq.blocks
+            if nc + ahead > len(blocks) * bs:
+                new = pool.allocate((nc + ahead + bs - 1) // bs - len(blocks))
+                assert new is not None, "leap_length checked the free blocks"
+                blocks.extend(new)
+            if caching and nc >= (seq.num_hashed + 1) * bs:
+                self._register_full(seq, nc // bs)
+            last_at = seq.last_token_at
+            first_gaps[last_at] = first_gaps.get(last_at, 0) + 1
+            seq.last_token_at = when
+            oc = seq.output_count + m
+            seq.output_count = oc
+            if oc >= seq.max_output:
+                finishing.append(seq)
+            elif seq.waiter is not None:
+                _wake(seq, finished=False)
+        if events is not None and pool.removed:
+            events.append(BlockRemoved(pool.removed, "GPU"))
+            pool.removed = []
+        self.generated_tokens += live * m
+        itl = self.itl
+        t0 = ends[start]
+        for last_at, count in first_gaps.items():
+            itl.add(t0 - last_at, count)
+        if live:
+            for i in range(start + 1, stop):
+                itl.add(ends[i] - ends[i - 1], live)
+        for seq in finishing:
+            self._finish(seq, when)
+
+    def _register_full(self, seq: Seq, full: int) -> None:
+        """Make ``seq``'s first ``full`` blocks findable in the prefix cache (publishing them
+        when the engine collects KV events)."""
+        self._extend_hashes(seq, full * self.config.block_size)
+        if self.kv_events is None:
+            pool, hashes, blocks = self.pool, seq.hashes, seq.blocks
+            for b in range(seq.num_hashed, full):
+                pool.register(blocks[b], hashes[b])
+        else:
+            self._register_publishing(seq, full)
+        seq.num_hashed = full
 
     def publish_kv_events(self) -> None:
         """Start collecting KV events (:attr:`kv_events`): the blocks each step makes
@@ -541,6 +679,16 @@ class SimEngine:
         self.busy_time = 0.0
         self.kv_publisher: Callable[[EventBatch], None] | None = None
         """Where each step's KV events go (:meth:`publish_kv_events`)."""
+        self.leap_steps = 1
+        """Most decode iterations run as one event (``shuniu simulate`` raises it; 1: one
+        timer per iteration). A leap is cut short at the iteration in progress when a
+        sequence arrives or leaves, and committed up to the present when the engine's load
+        is read, so what anyone sees is what iteration-by-iteration stepping shows. Only
+        for runs that do not wait on single tokens (``Seq.waiter``)."""
+        self.timers = 0
+        """Timers the engine has run on (one per iteration, or per leap)."""
+        self._leap: _Leap | None = None
+        self._jitter: deque[float] = deque()  # drawn for iterations a cut leap did not run
 
     def publish_kv_events(self, publish: Callable[[EventBatch], None]) -> None:
         """Hand each step's KV events (blocks cached, blocks evicted) to ``publish``."""
@@ -568,6 +716,8 @@ class SimEngine:
             if seq not in self._delayed:
                 return  # aborted during the admission delay
             self._delayed.discard(seq)
+        if self._leap is not None:
+            self._cut()
         self.core.add(seq)
         idle = self._idle
         if idle is not None and not idle.done():
@@ -582,22 +732,106 @@ class SimEngine:
                 self.core.aborted += 1
             _wake(seq, finished=True)
             return
+        if self._leap is not None:
+            self._cut()
         self.core.abort(seq, aborted=aborted, now=asyncio.get_running_loop().time())
 
     def abort_all(self) -> None:
         """Drop everything in the engine, including requests in their admission delay."""
         for seq in list(self._delayed):
             self.abort(seq)
+        if self._leap is not None:
+            self._cut()
         self.core.abort_all()
+
+    # -- leaps ---------------------------------------------------------------------------
+
+    def _draw(self) -> float:
+        """The next iteration's jitter factor: one left over by a cut leap first, so the
+        n-th iteration run gets the n-th draw however iterations were grouped."""
+        if self._jitter:
+            return self._jitter.popleft()
+        sigma = self.jitter_sigma
+        return math.exp(self.rng.gauss(-0.5 * sigma * sigma, sigma))  # costmodel.jitter_factor
+
+    def _sync(self) -> None:
+        """Commit the iterations of the current leap that have ended by now."""
+        leap = self._leap
+        if leap is None:
+            return
+        now = asyncio.get_running_loop().time()
+        done = bisect.bisect_right(leap.ends, now, leap.done, leap.steps)
+        if done > leap.done:
+            self.core.advance(leap.batch, leap.ends, leap.done, done, leap.steps)
+            leap.done = done
+            self._publish()
+
+    def _cut(self) -> None:
+        """Something changes the batch: end the current leap with the iteration in progress."""
+        self._sync()
+        leap = self._leap
+        assert leap is not None
+        keep = leap.done + 1
+        if leap.steps > keep:
+            if leap.factors:
+                self._jitter.extendleft(reversed(leap.factors[keep : leap.steps]))
+            self.busy_time -= leap.ends[leap.steps - 1] - leap.ends[keep - 1]
+            leap.steps = keep
+            wake = leap.wake
+            if wake is not None and not wake.done():
+                wake.set_result(True)  # re-arm the timer on the new end
+
+    async def _run_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
+        """Run ``k`` decode iterations of ``batch`` as one timer (the first takes ``dt``)."""
+        loop = asyncio.get_running_loop()
+        cost = self.cost
+        sigma = self.jitter_sigma
+        leap = _Leap(batch)
+        ends = leap.ends
+        t = loop.time() + dt
+        ends.append(t)
+        if sigma:
+            leap.factors.append(factor)
+        seqs, kv = batch.decode_seqs, batch.decode_kv_tokens
+        for i in range(1, k):
+            step = cost.step_time(0, 0.0, seqs, kv + i * seqs, 0)
+            if sigma:
+                f = self._draw()
+                leap.factors.append(f)
+                step *= f
+            t += step
+            ends.append(t)
+        leap.steps = k
+        self.busy_time += t - ends[0] + dt
+        self._leap = leap
+        try:
+            while True:
+                self.timers += 1
+                wake = leap.wake = loop.create_future()
+                timer = loop.call_at(ends[leap.steps - 1], _resolve, wake)
+                try:
+                    cut = await wake
+                finally:
+                    timer.cancel()
+                if not cut:
+                    break
+        finally:
+            self._leap = None
+        if leap.done < leap.steps:
+            self.core.advance(batch, ends, leap.done, leap.steps, leap.steps)
+            self._publish()
+
+    def _publish(self) -> None:
+        core = self.core
+        if core.kv_events and self.kv_publisher is not None:
+            self.kv_publisher(EventBatch(asyncio.get_running_loop().time(), core.kv_events, 0))
+            core.kv_events = []
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
         cost = self.cost
         sigma = self.jitter_sigma
-        mu = -0.5 * sigma * sigma
-        gauss = self.rng.gauss
-        exp = math.exp
         while True:
             batch = core.schedule()
             if batch is None:
@@ -612,9 +846,17 @@ class SimEngine:
                 batch.decode_kv_tokens,
                 batch.new_seqs,
             )
+            factor = 1.0
             if sigma:
-                dt *= exp(gauss(mu, sigma))  # costmodel.jitter_factor, inlined
+                factor = self._draw()
+                dt *= factor
+            if self.leap_steps > 1:
+                k = core.leap_length(batch, self.leap_steps)
+                if k > 1:
+                    await self._run_leap(batch, dt, factor, k)
+                    continue
             self.busy_time += dt
+            self.timers += 1
             await asyncio.sleep(dt)
             core.apply(batch, loop.time())
             if core.kv_events and self.kv_publisher is not None:
@@ -626,4 +868,30 @@ class SimEngine:
         await cancel_and_wait(task)
 
     def load(self) -> EndpointLoad:
+        if self._leap is not None:
+            self._sync()
         return self.core.load()
+
+
+class _Leap:
+    """Decode iterations an engine runs as one timer (:meth:`SimEngine._run_leap`)."""
+
+    __slots__ = ("batch", "done", "ends", "factors", "steps", "wake")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.ends: list[float] = []
+        """When each iteration ends."""
+        self.factors: list[float] = []
+        """Each iteration's jitter factor (empty without jitter)."""
+        self.steps = 0
+        """Iterations the leap runs (fewer once cut)."""
+        self.done = 0
+        """Iterations committed so far."""
+        self.wake: asyncio.Future[bool] | None = None
+        """Resolved when the leap's last iteration ends (False) or the leap is cut (True)."""
+
+
+def _resolve(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

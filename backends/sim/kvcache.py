@@ -14,10 +14,13 @@ from collections import OrderedDict, deque
 __all__ = ["BlockPool", "block_hashes"]
 
 
-def block_hashes(tokens: list[int], block_size: int, parent: int = 0, start_block: int = 0) -> list[int]:
-    """Chained hashes of the full blocks of ``tokens`` from ``start_block`` on."""
+def block_hashes(
+    tokens: list[int], block_size: int, parent: int | None = None, start_block: int = 0
+) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens`` from ``start_block`` on (the chain starts
+    from ``parent``, by default the block size, as the engine's does)."""
     out: list[int] = []
-    h = parent
+    h = block_size if parent is None else parent
     n_full = len(tokens) // block_size
     for b in range(start_block, n_full):
         h = hash((h, tuple(tokens[b * block_size : (b + 1) * block_size])))

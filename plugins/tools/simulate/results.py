@@ -69,7 +69,10 @@ class SimulationResult:
     failed: int = 0
     """Requests an endpoint failed (injected faults)."""
     unfinished: int = 0
-    """Requests still running ``drain_s`` after the last arrival (e.g. on a hung endpoint)."""
+    """Requests still running ``drain_s`` after the last arrival (e.g. on a hung endpoint), or
+    when the run was stopped early."""
+    stopped_at: float | None = None
+    """When the run was stopped early (``simulate(stop_after=...)``); ``None``: it ran to its end."""
     rejected_by_code: dict[str, int] = field(default_factory=dict)
     met_slo: int = 0
     slo: dict[str, float] | None = None
@@ -198,6 +201,7 @@ class SimulationResult:
             "rejected": self.rejected,
             "failed": self.failed,
             "unfinished": self.unfinished,
+            "stopped_at": self.stopped_at,
             "rejected_by_code": dict(self.rejected_by_code),
             "slo": self.slo,
             "sim_time_s": self.sim_time_s,

@@ -26,7 +26,10 @@ from shuniu.core.types import InferenceRequest, Outcome, Principal
 from shuniu.plugins.tools.simulate.results import SimulationResult
 from shuniu.plugins.tools.simulate.vclock import run_virtual
 
-__all__ = ["simulate"]
+__all__ = ["LEAP_STEPS", "simulate"]
+
+LEAP_STEPS = 512
+"""Most decode iterations an engine runs as one event in a simulation (``SimEngine.leap_steps``)."""
 
 
 def _check_sim_only(resolved: ResolvedDeployment) -> None:
@@ -61,6 +64,7 @@ async def _run(
     progress: Callable[[float, int], None] | None,
     drain_s: float,
     split: str = "clients",
+    stop_after: tuple[float, int] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     for gw in gateways:
@@ -127,6 +131,9 @@ async def _run(
             arrival=admitted,
         )
         seq.on_first = functools.partial(pool.first_output, ticket)
+        hashes = req.prefix_hashes
+        if hashes is not None and req.prefix_block == backend.engine.core.config.block_size:
+            seq.hashes = list(hashes)  # the balancer's chain is the engine's: hash once
         outcome = Outcome.ERROR
         try:
             await backend.run_seq(seq)
@@ -179,6 +186,12 @@ async def _run(
         task.add_done_callback(inflight.discard)
         if progress is not None and n % 256 == 0:
             progress(loop.time(), n)
+        if stop_after is not None and n % 64 == 0:
+            slow, most = stop_after
+            if result.ttft.count - result.ttft.count_le(slow) > most:
+                result.stopped_at = loop.time()
+                drain_s = 0.0  # what is still running is left unfinished
+                break
     result.requests_arrived = n
     if inflight:
         # A hung endpoint (an injected fault) would keep its requests forever: stop waiting
@@ -270,12 +283,15 @@ def simulate(
     gateways: int = 1,
     shared_state: bool = True,
     split: str = "clients",
+    leap_steps: int = LEAP_STEPS,
+    stop_after: tuple[float, int] | None = None,
 ) -> SimulationResult:
     """Run ``workload`` against the deployment in virtual time and measure it. With
     ``gateways`` above 1, that many gateways share the engines, clients take them in turn,
     and (``shared_state``) they share routing state as a fleet does (``fleet:``); with
     ``split="tenants"`` each tenant's requests all go to one gateway instead (tenants dealt
-    out in turn)."""
+    out in turn). ``leap_steps``: most decode iterations an engine advances as one event
+    (1: one event per iteration; the results are the same either way)."""
     if split not in ("clients", "tenants"):
         raise ValueError(f"split must be 'clients' or 'tenants', not {split!r}")
     from shuniu.core.fleet import MemoryHub
@@ -303,6 +319,10 @@ def simulate(
             for name, pool in other.pools.items():
                 for mine, theirs in zip(pool.endpoints, gateway.pools[name].endpoints, strict=True):
                     mine.backend = theirs.backend
+        for pool in gateway.pools.values():
+            for ep in pool.endpoints:
+                if isinstance(ep.backend, SimBackend):
+                    ep.backend.engine.leap_steps = leap_steps
         if default_model not in gateway.routes:
             raise ConfigError(
                 [Problem("--model", f"the deployment has no model {default_model!r}")], resolved.source
@@ -316,6 +336,7 @@ def simulate(
             progress,
             drain_s,
             split,
+            stop_after,
         )
 
     run_virtual(main())
