@@ -16,8 +16,10 @@ from click.testing import CliRunner
 from shuniu.backends.sim.costmodel import CostModel
 from shuniu.backends.sim.profiles import kv_report, load_hardware, load_model, min_tensor_parallel
 from shuniu.core.traffic import load_workload
-from shuniu.plugins.tools.plan import PlanError, plan, plan_command
+from shuniu.plugins.tools.plan import PlanError, Trial, plan, plan_command
+from shuniu.plugins.tools.plan.steady import warmup_s
 
+WORKLOADS = Path(__file__).resolve().parent.parent / "examples" / "workloads"
 CLI = "from shuniu.plugins.tools.plan import plan_command; plan_command()"
 
 
@@ -41,8 +43,19 @@ def _workload(
 LIGHT_SLO = "{ttft_p99_s: 1.0, itl_p99_s: 0.05}"
 
 
+PINNED = {
+    "balancer": "round_robin",
+    "max_num_batched_tokens": 8192,
+    "max_num_seqs": 256,
+    "weight_precision": "bf16",
+    "kv_precision": "bf16",
+    "prefix_caching": True,
+}
+"""Every knob but the TP size pinned: the replica search alone."""
+
+
 def _unique(result) -> None:  # type: ignore[no-untyped-def]
-    keys = [(t.phase, t.tensor_parallel, t.replicas, t.duration_s, t.rate_scale) for t in result.tried]
+    keys = [(t.label, t.replicas, t.duration_s, t.rate_scale, t.seed) for t in result.tried]
     assert len(keys) == len(set(keys)), "a configuration was simulated twice"
 
 
@@ -54,14 +67,17 @@ def test_light_workload_is_one_replica() -> None:
     assert (rec.tensor_parallel, rec.replicas, rec.devices) == (1, 1, 1)
     assert rec.met and rec.ttft_p99 <= 1.0 and rec.itl_p99 <= 0.05
     assert result.tensor_parallel_sizes[0] == 1
-    assert len(result.tried) == 1  # larger TP sizes cannot use fewer devices than one
-    assert result.kv.tensor_parallel == 1
-    assert any("left out" in note for note in result.notes)
-    # a short search, then the answer confirmed over the full duration
-    two = plan("qwen2.5-7b", "h200", workload, duration=30, search_duration=15)
-    assert two.recommendation is not None and two.recommendation.phase == "confirm"
-    assert two.recommendation.duration_s == 30 and two.devices == 1
-    assert [t.phase for t in two.tried] == ["search", "confirm"]
+    # one replica of one device is the cheapest there is: no other knob value is simulated,
+    # each is set aside with the reason
+    assert [t.phase for t in result.tried] == ["search", "confirm"]
+    assert result.rejected and all("costs as much as the best" in r.reason for r in result.rejected)
+    assert {r.change.split()[0] for r in result.rejected} >= {"balancer", "chunk", "TP", "max_num_seqs"}
+    # at the same cost the model's own precision wins: no quality cost to state
+    assert rec.config["weight_precision"] == "bf16" and result.quality is None
+    # the answer is confirmed over the full duration on another sample of the workload
+    assert rec.phase == "confirm" and rec.duration_s == 30 and rec.seed == 1
+    assert result.tried[0].seed == 0 and result.tried[0].duration_s == 30
+    _unique(result)
 
 
 def test_more_traffic_never_needs_fewer_devices() -> None:
@@ -73,7 +89,9 @@ def test_more_traffic_never_needs_fewer_devices() -> None:
     )
     devices = []
     for factor in (1, 2, 4):
-        result = plan("llama-3.1-8b", "a100-80gb", base.scaled(factor), duration=20, tensor_parallel_size=1)
+        result = plan(
+            "llama-3.1-8b", "a100-80gb", base.scaled(factor), duration=20, tensor_parallel_size=1, **PINNED
+        )
         assert result.recommendation is not None, result.notes
         assert result.recommendation.met
         _unique(result)
@@ -81,7 +99,7 @@ def test_more_traffic_never_needs_fewer_devices() -> None:
         assert all(
             not t.met
             for t in result.tried
-            if t.phase != "floor" and t.replicas < result.recommendation.replicas
+            if t.phase != "floor" and t.replicas < result.recommendation.replicas and t.seed == 1
         )
         devices.append(result.devices)
     assert devices == sorted(devices), devices
@@ -94,25 +112,25 @@ def test_unreachable_slo_is_reported_without_a_long_search() -> None:
     target = CostModel(model, hw, 4).prefill_time(4000) / 2
     workload = _workload(2, f"{{ttft_p99_s: {target:.4f}}}", input_tokens="4000", output_tokens="16")
     started = time.perf_counter()
-    result = plan("qwen2.5-7b", "h200", workload, duration=20)
+    result = plan("qwen2.5-7b", "h200", workload, duration=20, **PINNED)
     assert result.recommendation is None and not result.met
     assert "no configuration meets" in result.notes[0]
-    assert any("can meet" in n and "unloaded" in n for n in result.notes[1:])
+    assert any("unloaded" in r.reason for r in result.rejected)
     # per TP size: two loaded trials and one unloaded floor, never a march to 64 replicas
     assert max(t.replicas for t in result.tried) <= 3
     assert len(result.tried) <= 3 * len(result.tensor_parallel_sizes)
     assert time.perf_counter() - started < 120
     # an ITL target below one decode iteration is found unreachable without simulating
     fast = _workload(2, "{itl_p99_s: 0.001}")
-    quick = plan("qwen2.5-7b", "h200", fast, duration=20, tensor_parallel_size=1)
+    quick = plan("qwen2.5-7b", "h200", fast, duration=20, tensor_parallel_size=1, **PINNED)
     assert quick.recommendation is None and quick.tried == []
-    assert "one decode iteration" in quick.notes[1]
+    assert "one decode iteration" in quick.rejected[0].reason
 
 
 def test_70b_on_80gb_gpus_needs_tensor_parallelism() -> None:
     model, hw = load_model("llama-3.1-70b"), load_hardware("h100-sxm")
     workload = _workload(1, "{ttft_p99_s: 2.0, itl_p99_s: 0.1}", input_tokens="512", output_tokens="64")
-    result = plan("llama-3.1-70b", "h100-sxm", workload, duration=20)
+    result = plan("llama-3.1-70b", "h100-sxm", workload, duration=20, **PINNED)
     rec = result.recommendation
     assert rec is not None
     assert rec.tensor_parallel >= 2
@@ -133,10 +151,20 @@ def test_70b_on_80gb_gpus_needs_tensor_parallelism() -> None:
 def test_inputs_that_cannot_be_planned() -> None:
     workload = _workload(1, LIGHT_SLO)
     with pytest.raises(PlanError) as info:
-        plan("llama-3.1-70b", "rtx-4090", workload, duration=10)
+        plan("llama-3.1-70b", "rtx-4090", workload, duration=10, weight_precision="bf16", kv_precision="bf16")
     assert "does not fit" in str(info.value)
     with pytest.raises(PlanError):
-        plan("llama-3.1-70b", "h100-sxm", workload, duration=10, tensor_parallel_size=2)
+        plan(
+            "llama-3.1-70b",
+            "h100-sxm",
+            workload,
+            duration=10,
+            tensor_parallel_size=2,
+            weight_precision="bf16",
+        )
+    with pytest.raises(PlanError) as info:
+        plan("qwen2.5-7b", "h200", workload, duration=10, weight_precision="int3")
+    assert "--weight-precision" in str(info.value) and "int3" in str(info.value)
     no_slo = load_workload(
         "x", text="streams:\n  - arrival: {rate: 1}\n    input_tokens: 8\n    output_tokens: 8\n"
     )
@@ -144,7 +172,7 @@ def test_inputs_that_cannot_be_planned() -> None:
         plan("qwen2.5-7b", "h200", no_slo, duration=10)
     assert "no SLO" in str(info.value)
     # an SLO given on the command line makes it plannable
-    ok = plan("qwen2.5-7b", "h200", no_slo, duration=10, ttft_p99=1.0)
+    ok = plan("qwen2.5-7b", "h200", no_slo, duration=10, ttft_p99=1.0, **PINNED)
     assert ok.devices == 1 and ok.slo == {"ttft_p99_s": 1.0}
 
 
@@ -179,11 +207,25 @@ def test_cli_json(tmp_path: Path) -> None:
         ["--model", "no-such-model", "--hardware", "h200", "--workload", str(wl)],
         ["--model", "qwen2.5-7b", "--hardware", "h200", "--workload", str(tmp_path / "missing.yaml")],
         ["--model", "qwen2.5-7b", "--hardware", "h200", "--workload", str(wl), "--balancer", "nope"],
+        ["--model", "qwen2.5-7b", "--hardware", "h200", "--workload", str(wl), "--max-num-seqs", "many"],
+        ["--model", "qwen2.5-7b", "--hardware", "h200", "--workload", str(wl), "--precision", "int3"],
+        ["--model", "qwen2.5-7b", "--hardware", "h200", "--workload", str(wl), "--price", "-1"],
     ):
         res = runner.invoke(plan_command, bad)
         assert res.exit_code == 2, res.output
         assert isinstance(res.exception, SystemExit) and "problem" in res.stderr
-    unfit = ["--model", "llama-3.1-70b", "--hardware", "rtx-4090", "--workload", str(wl)]
+    unfit = [
+        "--model",
+        "llama-3.1-70b",
+        "--hardware",
+        "rtx-4090",
+        "--workload",
+        str(wl),
+        "--precision",
+        "bf16",
+        "--kv-precision",
+        "bf16",
+    ]
     res = subprocess.run([sys.executable, "-c", CLI, *unfit], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "does not fit" in res.stderr
@@ -193,3 +235,162 @@ def test_cli_json(tmp_path: Path) -> None:
     assert res.exit_code == 1
     data = json.loads(res.output)
     assert data["met"] is False and data["recommendation"] is None
+
+
+def test_the_knobs_an_expert_would_tune() -> None:
+    # Long prompts and a tight ITL target: an iteration that carries an 8k-token prefill chunk
+    # is far slower than the target, so only small chunks can meet it, whatever the count.
+    workload = _workload(
+        30,
+        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
+        input_tokens="{dist: uniform, min: 3000, max: 6000}",
+        output_tokens="64",
+    )
+    pins = {**PINNED, "max_num_batched_tokens": [512, 8192]}
+    result = plan(
+        "llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, price=2.0, **pins
+    )
+    rec = result.recommendation
+    assert rec is not None, (result.notes, result.rejected)
+    assert rec.config["max_num_batched_tokens"] == 512
+    big = [r for r in result.rejected if r.change == "chunk 8192"]
+    assert big and "ITL p99" in big[0].reason, result.rejected
+    # costs are devices x hours x the price given
+    assert all(t.cost_per_hour == pytest.approx(t.devices * 2.0) for t in result.tried)
+    assert result.price_per_hour == 2.0
+    # the frontier: no search trial is cheaper and faster at both p99s than a frontier point
+    searched = [t for t in result.tried if t.phase in ("search", "probe") and t.rate_scale == 1.0]
+    assert result.frontier
+    for f in result.frontier:
+        assert not any(
+            (t.cost_per_hour, t.ttft_p99, t.itl_p99) != (f.cost_per_hour, f.ttft_p99, f.itl_p99)
+            and t.cost_per_hour <= f.cost_per_hour
+            and t.ttft_p99 <= f.ttft_p99
+            and t.itl_p99 <= f.itl_p99
+            for t in searched
+        )
+    _unique(result)
+
+
+def test_trials_side_by_side_give_the_same_answer(tmp_path: Path) -> None:
+    # The knob probes (and the confirmations) run in two worker processes: the same trials
+    # are judged the same way, so the answer and the reasons do not change.
+    workload = _workload(
+        20,
+        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
+        input_tokens="{dist: uniform, min: 3000, max: 6000}",
+        output_tokens="64",
+    )
+    pins = {**PINNED, "max_num_batched_tokens": [512, 8192], "balancer": "round_robin,least_load"}
+    alone = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, jobs=1, **pins)
+    paired = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, jobs=2, **pins)
+    assert alone.recommendation is not None and paired.recommendation is not None
+    assert paired.recommendation.label == alone.recommendation.label
+    assert paired.recommendation.replicas == alone.recommendation.replicas
+    assert paired.recommendation.ttft_p99 == alone.recommendation.ttft_p99
+    assert {r.change for r in paired.rejected} == {r.change for r in alone.rejected}
+    # the frontier as a PNG
+    from shuniu.plugins.tools.plan.frontier import plot_frontier
+
+    png = tmp_path / "frontier.png"
+    plot_frontier(paired, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_more_replicas_that_do_not_help_stop_the_growth() -> None:
+    # The rule itself, on two measured-looking trials: half again as many replicas that leave
+    # a missed ITL p99 within 10% of where it was stop the growth, with the reason kept.
+    workload = _workload(8, "{ttft_p99_s: 5.0, itl_p99_s: 0.05}")
+    planner, shape = _planner(workload)
+
+    def trial(replicas: int, itl: float) -> Trial:
+        return Trial(
+            "search", 1, replicas, 30, 1.0, 0.1, 0.5, itl, 5.0, None, 1.0, 100, 100, 0, 0, 0.0, False
+        )
+
+    assert planner._saturated(shape, trial(11, 0.076), trial(33, 0.0753))
+    assert "more replicas do not help" in (planner.unreachable(shape, run=False) or "")
+    planner, shape = _planner(workload)
+    assert not planner._saturated(shape, trial(11, 0.076), trial(33, 0.060))  # it still helps
+    assert not planner._saturated(shape, trial(11, 0.076), trial(14, 0.0753))  # too few more to tell
+    assert not planner._saturated(shape, trial(11, 0.040), trial(33, 0.045))  # the ITL is met
+
+
+def _planner(workload):  # type: ignore[no-untyped-def]
+    from shuniu.backends.sim.profiles import load_hardware, load_model
+    from shuniu.core.plugin_manager import load_plugins
+    from shuniu.core.traffic import describe
+    from shuniu.plugins.tools.plan.planner import Planner
+    from shuniu.plugins.tools.plan.results import PlanReporter
+    from shuniu.plugins.tools.plan.shapes import Space
+
+    model, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
+    space = Space(
+        model,
+        "llama-3.1-8b",
+        hw,
+        util=0.9,
+        max_model_len=None,
+        tensor_parallel=1,
+        weight_precisions=None,
+        kv_precisions=None,
+        chunks=None,
+        max_num_seqs=None,
+        prefix_caching=None,
+        balancers=None,
+        shared_prefixes=False,
+    )
+    planner = Planner(
+        space=space,
+        hardware="h100-sxm",
+        workload=workload,
+        desc=describe(workload, 30),
+        duration=30,
+        search_duration=30,
+        seed=0,
+        max_replicas=64,
+        goodput_target=None,
+        price=None,
+        max_model_len=None,
+        plugins=load_plugins(),
+        reporter=PlanReporter(),
+    )
+    return planner, space.base(0.05, 32)
+
+
+def test_a_lower_precision_is_chosen_only_with_its_quality_cost() -> None:
+    # qwen2.5-72b in BF16 needs 4 x H100; in INT4 one replica spans 2
+    workload = _workload(0.5, "{ttft_p99_s: 3.0, itl_p99_s: 0.2}", input_tokens="256", output_tokens="32")
+    pins = {k: v for k, v in PINNED.items() if k != "weight_precision"}
+    result = plan(
+        "qwen2.5-72b",
+        "h100-sxm",
+        workload,
+        duration=20,
+        weight_precision="bf16,int4-awq",
+        max_model_len=8192,
+        **pins,
+    )
+    rec = result.recommendation
+    assert rec is not None
+    assert rec.config["weight_precision"] == "int4-awq" and rec.devices < 4
+    assert result.quality is not None and "INT4" in result.quality
+    # ...and the answer at the model's own precision is there to compare
+    assert result.native is not None and result.native.config["weight_precision"] == "bf16"
+    assert result.native.devices > rec.devices
+
+
+def test_growing_workloads_are_searched_past_their_warm_up() -> None:
+    chat = load_workload(WORKLOADS / "chat-shared-prefix.yaml")
+    warm = warmup_s(chat, 600)
+    assert 30 < warm < 300  # conversations lengthen over several think times
+    assert warmup_s(load_workload(WORKLOADS / "poisson-simple.yaml"), 600) == 0.0
+    # a load that doubles at 100 s settles there
+    step = load_workload(
+        "step",
+        text="name: step\nduration_s: 300\nstreams:\n"
+        "  - arrival: {rate: 4}\n    input_tokens: 100\n    output_tokens: 10\n"
+        "  - arrival: {schedule: [{at_s: 0, rate: 0.001}, {at_s: 100, rate: 4}]}\n"
+        "    input_tokens: 100\n    output_tokens: 10\n",
+    )
+    assert 80 <= warmup_s(step, 300) <= 110

@@ -183,6 +183,10 @@ class HardwareProfile(_Strict):
     """A fixed KV-cache size per device (worker process), GiB, instead of the GPU memory
     formula (memory x utilization - weights - overhead): what vLLM's CPU build takes from
     ``VLLM_CPU_KVCACHE_SPACE``. Default: the formula."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """What one device costs per hour (any currency; ``shuniu plan`` ranks configurations by
+    devices x hours x this, and ``--price`` overrides it). ``None``: unknown, configurations
+    are ranked by device count."""
     sources: list[str] = Field(default_factory=list)
     """Where each number comes from (datasheet, whitepaper, measurement)."""
 

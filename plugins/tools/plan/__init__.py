@@ -1,10 +1,13 @@
-"""``shuniu plan``: how many replicas (at which tensor-parallel size) of a model on some hardware
-meet a workload's SLO, found by simulating candidate deployments in virtual time.
+"""``shuniu plan``: the cheapest pool of a model on some hardware that meets a workload's SLO,
+found by simulating candidate deployments in virtual time.
 
-``planner`` holds the search (:func:`plan`, described there) and its defaults; it starts from
-the roofline guess of ``estimates``, over the tensor-parallel sizes of ``candidates``, each
-trial simulating the deployment ``deployment`` writes. ``results`` holds what a plan produces,
-``report`` prints it, ``command`` is the command line and ``plugin`` registers it.
+``planner`` holds the search (:func:`plan`, described there) and its defaults; ``shapes`` the
+engine configurations it chooses between (tensor-parallel sizes from ``candidates``,
+precisions, chunk, ``max_num_seqs``, prefix caching, balancer); ``estimates`` the roofline
+guess it starts a count from; ``steady`` how long a workload warms up; each trial simulates
+the deployment ``deployment`` writes, side by side in the processes of ``workers`` with
+``--jobs``. ``results`` holds what a plan produces, ``report`` prints it, ``frontier`` draws
+its cost frontier, ``command`` is the command line and ``plugin`` registers it.
 ``capacity`` answers a narrower question for the autoscaling signals: the highest rate one
 replica serves within an SLO at a token mix.
 """

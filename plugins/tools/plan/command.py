@@ -10,18 +10,17 @@ from typing import Any
 
 import click
 
-from shuniu.core.errors import ConfigError
+from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.traffic import load_workload
 from shuniu.plugins.tools.plan.planner import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MAX_REPLICAS,
     DEFAULT_SEARCH_DURATION,
     plan,
 )
 from shuniu.plugins.tools.plan.report import print_plan
-from shuniu.plugins.tools.plan.results import PlanReporter, Trial
+from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, Trial
 
 __all__ = ["plan_command"]
 
@@ -38,9 +37,9 @@ class _Bar(PlanReporter):
         self.task = progress.add_task("plan", total=1.0, sim=0.0, n=0, label="", visible=False)
         self.horizon = 1.0
 
-    def trial_started(self, phase: str, tp: int, replicas: int, horizon: float) -> None:
+    def trial_started(self, phase: str, label: str, replicas: int, horizon: float) -> None:
         self.horizon = horizon
-        label = f"{phase}: TP {tp} x {replicas}"
+        label = f"{phase}: {replicas} x {label}"
         self.progress.reset(self.task, total=horizon, sim=0.0, n=0, label=label, visible=True)
 
     def advance(self, now: float, requests: int) -> None:
@@ -49,7 +48,7 @@ class _Bar(PlanReporter):
     def trial_finished(self, trial: Trial) -> None:
         verdict = "[green]meets[/]" if trial.met else f"[red]misses[/] ({'; '.join(trial.failures)})"
         self.progress.console.print(
-            f"  {trial.phase:<7} TP {trial.tensor_parallel} x {trial.replicas:<3} "
+            f"  {trial.phase:<7} {trial.replicas:>3} x {trial.label} "
             f"{trial.duration_s:,.0f} s simulated in {trial.wall_s:.1f} s: {verdict}",
             highlight=False,
         )
@@ -93,7 +92,57 @@ class _Bar(PlanReporter):
     help="Plan only this tensor-parallel size "
     "(default: the smallest that fits and the next two powers of two).",
 )
-@click.option("--balancer", default="round_robin", show_default=True, help="Balancer policy of the pool.")
+@click.option(
+    "--balancer",
+    default=None,
+    help="Balancer policy, or several comma-separated to choose from "
+    "(default: prefix_affinity, least_load and round_robin when prompts share prefixes, else the last two).",
+)
+@click.option(
+    "--precision",
+    "weight_precision",
+    default=None,
+    help="Weight precisions to choose from, comma-separated (default: the model's own, fp8 "
+    "where the hardware computes it else int8, and int4-awq; the quality cost of a lower one "
+    "is printed with the answer).",
+)
+@click.option(
+    "--kv-precision",
+    default=None,
+    help="KV-cache precisions to choose from, comma-separated (default: the model's own, and fp8 "
+    "where the hardware has it).",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=None,
+    help="Iteration token budgets (prefill chunk sizes) to choose from, comma-separated "
+    "(default: 256,512,1024,2048,8192).",
+)
+@click.option(
+    "--prefix-caching/--no-prefix-caching",
+    default=None,
+    help="Pin prefix caching on or off (default: both are tried).",
+)
+@click.option(
+    "--price",
+    type=float,
+    default=None,
+    help="Price of one device-hour (default: the hardware profile's price_per_hour; "
+    "without one, configurations are ranked by devices).",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=int,
+    default=None,
+    help="Trials simulated side by side, one worker process each (default: one per CPU).",
+)
+@click.option(
+    "--frontier-png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the cost frontier (cost against p99 TTFT and ITL) as a PNG (needs shuniu[plot]).",
+)
 @click.option(
     "--goodput",
     type=float,
@@ -114,7 +163,9 @@ class _Bar(PlanReporter):
     help="Share of device memory the engine may use.",
 )
 @click.option(
-    "--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True, help="Engine batch limit."
+    "--max-num-seqs",
+    default=None,
+    help="Engine batch limits to choose from, comma-separated (default: 64,128,256,512).",
 )
 @click.option("--max-model-len", type=int, default=None, help="Context window (default: the model's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
@@ -129,22 +180,32 @@ def plan_command(
     seed: int,
     max_replicas: int,
     tensor_parallel_size: int | None,
-    balancer: str,
+    balancer: str | None,
+    weight_precision: str | None,
+    kv_precision: str | None,
+    max_num_batched_tokens: str | None,
+    prefix_caching: bool | None,
+    price: float | None,
+    jobs: int | None,
+    frontier_png: Path | None,
     goodput: float | None,
     ttft_p99: float | None,
     itl_p99: float | None,
     e2e_p99: float | None,
     gpu_memory_utilization: float,
-    max_num_seqs: int,
+    max_num_seqs: str | None,
     max_model_len: int | None,
     as_json: bool,
 ) -> None:
-    """How many replicas of MODEL on HARDWARE meet WORKLOAD's SLO, found by simulation.
+    """The cheapest pool of MODEL on HARDWARE that meets WORKLOAD's SLO, found by simulation.
 
-    Searches the replica count (and the tensor-parallel size where the model needs several
-    devices) for the fewest devices that meet the SLO, then prints the KV-memory arithmetic of
-    one replica. Exits 0 with a recommendation, 1 when no configuration meets the SLO, 2 on
-    bad input.
+    Searches the replica count together with the engine knobs an expert would tune (tensor
+    parallelism, weight and KV precision, the prefill chunk, max_num_seqs, prefix caching, the
+    balancer), one knob at a time, and confirms the answer over the full duration on another
+    sample of the workload. Prints every trial, the configurations set aside and why, the
+    cost frontier, and the KV-memory arithmetic of one replica. A knob given on the command
+    line is pinned (or chosen among the comma-separated values). Exits 0 with a
+    recommendation, 1 when no configuration meets the SLO, 2 on bad input.
     """
     from rich.console import Console
 
@@ -154,6 +215,8 @@ def plan_command(
     plugins = ctx.find_object(PluginManager) or load_plugins()
     try:
         workload = load_workload(workload_path)
+        seqs = _ints(max_num_seqs, "--max-num-seqs")
+        chunks = _ints(max_num_batched_tokens, "--max-num-batched-tokens")
     except ConfigError as exc:
         _report_error(exc)
         ctx.exit(2)
@@ -171,12 +234,18 @@ def plan_command(
                 max_replicas=max_replicas,
                 tensor_parallel_size=tensor_parallel_size,
                 balancer=balancer,
+                weight_precision=weight_precision,
+                kv_precision=kv_precision,
+                max_num_batched_tokens=chunks,
+                prefix_caching=prefix_caching,
+                price=price,
+                jobs=jobs,
                 goodput=goodput,
                 ttft_p99=ttft_p99,
                 itl_p99=itl_p99,
                 e2e_p99=e2e_p99,
                 gpu_memory_utilization=gpu_memory_utilization,
-                max_num_seqs=max_num_seqs,
+                max_num_seqs=seqs,
                 max_model_len=max_model_len,
                 plugins=plugins,
                 reporter=reporter,
@@ -189,5 +258,30 @@ def plan_command(
     else:
         # Piped output keeps whole rows instead of an 80-column cut.
         print_plan(result, Console(width=None if sys.stdout.isatty() else 180))
+    if frontier_png is not None:
+        from shuniu.core.extras import MissingExtraError
+        from shuniu.plugins.tools.plan.frontier import plot_frontier
+
+        try:
+            plot_frontier(result, frontier_png)
+        except MissingExtraError as exc:
+            click.secho(str(exc), fg="red", err=True)
+            ctx.exit(2)
+        click.echo(f"frontier written to {frontier_png}", err=True)
     sys.stdout.flush()
     ctx.exit(0 if result.met else 1)
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    """Comma-separated whole numbers, or a config error naming ``option``."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlanError(
+            [Problem(option, f"expected whole numbers separated by commas (got {text!r})")], "options"
+        ) from None
+    if not values:
+        raise PlanError([Problem(option, "give at least one value")], "options")
+    return values

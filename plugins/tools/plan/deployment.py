@@ -1,6 +1,6 @@
-"""The in-memory deployment each trial of a plan simulates: ``N`` ``sim`` endpoints with the
-hardware and model profiles, no gateway-side concurrency limit, the ``fifo`` scheduler and the
-chosen balancer; and the check that reports a bad one against the option that caused it."""
+"""The in-memory deployment each trial of a plan simulates: ``N`` ``sim`` endpoints with a
+shape's engine options, no gateway-side concurrency limit, the ``fifo`` scheduler and the
+shape's balancer; and the check that reports a bad one against the option that caused it."""
 
 from __future__ import annotations
 
@@ -13,31 +13,10 @@ from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.plugins.tools.plan.results import PlanError
 
-__all__ = ["DEPLOYMENT_SOURCE", "check_deployment", "deployment_text", "sim_deployment_text"]
+__all__ = ["DEPLOYMENT_SOURCE", "check_deployment", "sim_deployment_text"]
 
 DEPLOYMENT_SOURCE = "<shuniu plan deployment>"
 """The source name trial deployments are loaded under."""
-
-
-def deployment_text(
-    model: str,
-    hardware: str,
-    tp: int,
-    replicas: int,
-    balancer: str,
-    util: float,
-    max_num_seqs: int,
-    max_model_len: int | None,
-) -> str:
-    """The YAML of a one-model deployment (``plan``) of ``replicas`` simulated endpoints."""
-    options = {
-        "hardware": hardware,
-        "model": model,
-        "tensor_parallel_size": tp,
-        "gpu_memory_utilization": util,
-        "max_num_seqs": max_num_seqs,
-    }
-    return sim_deployment_text(options, replicas, balancer, max_model_len)
 
 
 def sim_deployment_text(

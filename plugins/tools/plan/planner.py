@@ -1,92 +1,100 @@
-"""``shuniu plan``: how many replicas (at which tensor-parallel size) of a model on some hardware
-meet a workload's SLO, found by simulating candidate deployments in virtual time.
+"""``shuniu plan``: the cheapest pool of a model on some hardware that meets a workload's SLO,
+found by simulating candidate deployments in virtual time.
 
-For each candidate tensor-parallel (TP) size — the smallest that holds the weights with KV room
-for one full-length sequence, and the next one or two powers of two (or the one given with
-``tensor_parallel_size``) — the number of replicas is searched: a deployment of ``N`` simulated
-endpoints (the ``sim`` backend with the hardware and model profiles, no gateway-side
-concurrency limit, the ``fifo`` scheduler and the chosen balancer) is built in memory and the
-workload is run against it with :func:`~shuniu.plugins.tools.simulate.simulate`. A trial *meets*
-the SLO when the run's p99s satisfy :meth:`Slo.satisfied` and, when the SLO has per-request
-thresholds of its own (``ttft_s``, ``itl_s``, ``e2e_s``) or a goodput target is given, the
-share of requests meeting them is at least the target (0.99 by default).
+A configuration is a :class:`~shuniu.plugins.tools.plan.shapes.Shape` (tensor-parallel size,
+weight and KV precision, ``max_num_batched_tokens``, ``max_num_seqs``, prefix caching, the
+balancer) and a replica count; its cost is replicas x TP x the price of a device-hour (the
+hardware profile's ``price_per_hour`` or ``--price``; without one, the device count). Each
+trial builds a deployment of that many ``sim`` endpoints in memory (no gateway-side
+concurrency limit, the ``fifo`` scheduler) and runs the workload against it with
+:func:`~shuniu.plugins.tools.simulate.simulate`. A trial *meets* the SLO when the run's p99s
+satisfy :meth:`Slo.satisfied` and, when the SLO has per-request thresholds of its own or a
+goodput target is given, the share of requests meeting them reaches the target (0.99 by
+default).
 
-The search, per TP size:
+The search:
 
-1. a starting guess from the roofline cost model: the replica-equivalents of work the workload
-   brings — decode at the largest batch whose iteration fits the ITL target (and the KV cache),
-   plus prefill of the prompt tokens a prefix cache would not hold — rounded up. It ignores
-   queueing, so it is an optimistic bound and the answer is rarely below it;
-2. from there exponential growth on failure — the count is multiplied by how far the worst
-   metric missed its target (measured above its unloaded value), 1.1x to 3x — one step down
-   when the guess already meets, then narrowing of the bracket between the largest count known
-   to fail and the smallest known to meet, by log-linear interpolation of that miss (bisection
-   when interpolation keeps landing on one side). Results are cached; the count never exceeds
-   ``max_replicas``;
-3. before growing after a second failure, the SLO is checked against an *unloaded floor*: the
-   cost model's single-iteration times (checked before any simulation, too) and a light run
-   (one replica, the arrival rate scaled to ~2% of its estimated capacity). If even that misses
-   a target (by more than 5%), no replica count can meet it at this TP size and the search
-   stops at once instead of growing to ``max_replicas``.
+1. **A start an expert would pick**: the model's own precision at the smallest TP size that
+   holds it, the largest prefill chunk whose iteration (chunk plus a typical decode batch)
+   stays under 90% of the ITL target, 256 sequences, prefix caching, and a prefix-aware
+   balancer when prompts share prefixes. Its replica count is searched from the roofline
+   guess (:mod:`.estimates`): grown on failure by how far the worst metric missed, then the
+   bracket narrowed by geometric bisection. The growth stops when more replicas stop
+   helping (half again as many leave a missed ITL p99 where it was: an iteration-level
+   limit) or when an unloaded *floor* run shows that even one idle replica misses.
+2. **One knob at a time** (:data:`~shuniu.plugins.tools.plan.shapes.DIMENSIONS`): each other
+   value of a knob is tried at the most replicas that would still cost less than the best so
+   far. Missing there rejects it (no fewer replicas can do better) with the reason; so does,
+   without a simulation, a roofline guess more than twice that count, or a single iteration
+   slower than a target. A value that meets has its own count searched and may become the best. Passes
+   repeat (at most :data:`MAX_PASSES`) while one improves the best.
+3. **Confirmation**: the best is run over the full duration on another sample of the
+   workload (the seed plus one); if it misses there its count grows until it meets.
 
-Two horizons keep a plan fast: the search runs ``search_duration`` simulated seconds (120 by
-default), and each candidate answer is then confirmed over the full ``duration`` (the
-workload's ``duration_s`` unless given); if the confirmation fails, the count grows at the full
-horizon. Longer runs are assumed to be no easier than shorter ones (the workload warms up and
-conversations grow), so counts that failed the short run are not retried. TP sizes are explored
-best first: a size is searched only up to as many devices as the best answer so far (or another
-size's short-run answer) uses, and set aside once it needs more, so a plan rarely simulates
-a larger TP size for long.
+Search trials run ``search_duration`` simulated seconds past the warm-up of a workload whose
+load grows (multi-turn chat; :func:`~shuniu.plugins.tools.plan.steady.warmup_s`). Longer runs
+are taken to be no easier than shorter ones, so counts that failed a short run are not retried.
 
-The answer is the configuration with the fewest devices (replicas x TP), ties broken by the
-lower p99 TTFT. With it comes the KV-memory arithmetic of one replica at the workload's mean
-input and output lengths (:func:`~shuniu.backends.sim.kv_report`).
+With the answer come the rejected configurations and why, the cost frontier (search trials
+no other beats on cost, p99 TTFT and p99 ITL together), the quality cost of a lower
+precision (and the cheapest answer at the model's own precision), and the KV-memory
+arithmetic of one replica (:func:`~shuniu.backends.sim.kv_report`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from shuniu.backends.sim import (
-    CostModel,
-    HardwareProfile,
-    ModelProfile,
-    kv_cache_tokens,
-    kv_report,
-    load_hardware,
-    load_model,
-)
+from shuniu.backends.sim import kv_cache_tokens, kv_report, load_hardware, load_model
 from shuniu.core.config.loader import load_deployment
-from shuniu.core.errors import Problem
+from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager, load_plugins
 from shuniu.core.traffic import Slo, Workload, describe, load_workload
-from shuniu.plugins.tools.plan.candidates import tp_candidates
-from shuniu.plugins.tools.plan.deployment import DEPLOYMENT_SOURCE, check_deployment, deployment_text
+from shuniu.plugins.tools.plan.deployment import DEPLOYMENT_SOURCE, check_deployment, sim_deployment_text
 from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_load
 from shuniu.plugins.tools.plan.report import secs
-from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, PlanResult, Trial
+from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, PlanResult, Rejection, Trial
+from shuniu.plugins.tools.plan.shapes import DIMENSIONS, Shape, Space
+from shuniu.plugins.tools.plan.steady import warmup_s
+from shuniu.plugins.tools.plan.workers import simulate_summary, trial_pool
 from shuniu.plugins.tools.simulate import simulate
 
 __all__ = [
     "DEFAULT_GOODPUT",
     "DEFAULT_GPU_MEMORY_UTILIZATION",
-    "DEFAULT_MAX_NUM_SEQS",
     "DEFAULT_MAX_REPLICAS",
     "DEFAULT_SEARCH_DURATION",
+    "MAX_PASSES",
     "Planner",
     "plan",
 ]
 
 DEFAULT_MAX_REPLICAS = 64
 DEFAULT_SEARCH_DURATION = 120.0
-"""Simulated seconds of each search trial; answers are confirmed over the full duration."""
+"""Simulated seconds of each search trial (more for a workload that warms up); answers are
+confirmed over the full duration."""
 DEFAULT_GOODPUT = 0.99
 """Share of requests that must meet the per-request thresholds, when the SLO has its own."""
-DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+MAX_PASSES = 2
+"""Passes over the knobs (another pass only when the previous one improved the best)."""
+
+ROOFLINE_MARGIN = 2.0
+"""A shape whose roofline guess is above this many times the replicas that would beat the
+best is rejected without a simulation."""
+MAX_GROWTH = 2.0
+"""Largest factor on the replica count after a missed search trial."""
+CONFIRM_GROWTH = 1.5
+"""Largest factor on the replica count when the full-duration confirmation misses."""
+SATURATION_GROWTH = 1.5
+SATURATION_GAIN = 0.9
+"""A count :data:`SATURATION_GROWTH` times larger whose missed ITL p99 is still above this
+share of the smaller count's means more replicas do not help (:meth:`Planner._saturated`)."""
 
 FLOOR_LOAD = 0.02
 """Load (share of one replica's estimated capacity) of the unloaded-floor run."""
@@ -115,44 +123,40 @@ def _with_slo(
 
 
 class Planner:
-    """One plan's search: it runs (and caches) the trials, finds the unloaded floor of each TP
-    size, searches the replica count and picks the best TP size (:meth:`solve`)."""
+    """One plan's search: it runs (and caches) the trials, finds the unloaded floor of a
+    shape, searches a shape's replica count and varies the knobs (:meth:`solve`)."""
 
     def __init__(
         self,
         *,
-        model: str,
+        space: Space,
         hardware: str,
-        model_profile: ModelProfile,
-        hw: HardwareProfile,
         workload: Workload,
         desc: dict[str, Any],
         duration: float,
         search_duration: float,
         seed: int,
         max_replicas: int,
-        balancer: str,
         goodput_target: float | None,
-        util: float,
-        max_num_seqs: int,
+        price: float | None,
         max_model_len: int | None,
         plugins: PluginManager,
         reporter: PlanReporter,
+        jobs: int = 1,
     ) -> None:
-        self.model = model
+        self.space = space
+        self.jobs = jobs
+        self.pool: ProcessPoolExecutor | None = None
+        """Worker processes for trials side by side (set by :func:`plan` when ``jobs`` > 1)."""
         self.hardware = hardware
-        self.model_profile = model_profile
-        self.hw = hw
         self.workload = workload
         self.desc = desc
         self.duration = duration
         self.search_duration = search_duration
         self.seed = seed
         self.max_replicas = max_replicas
-        self.balancer = balancer
         self.goodput_target = goodput_target
-        self.util = util
-        self.max_num_seqs = max_num_seqs
+        self.price = price
         self.max_model_len = max_model_len
         self.plugins = plugins
         self.reporter = reporter
@@ -161,49 +165,52 @@ class Planner:
         self.fresh_rate = fresh_tokens_rate(workload, desc)
         self.tried: list[Trial] = []
         self.notes: list[str] = []
-        self._cache: dict[tuple[int, int, float, float], Trial] = {}
-        self._floor: dict[int, str | None] = {}
-        self._cost: dict[int, Any] = {}
+        self.rejected: list[Rejection] = []
+        self.visited: set[Shape] = set()
+        self._cache: dict[tuple[Shape, int, float, float, int], Trial] = {}
+        self._floor: dict[Shape, str | None] = {}
+        self._floor_trial: dict[Shape, Trial] = {}
 
     # ----------------------------------------------------------------- simulation
 
-    def deployment(self, tp: int, replicas: int) -> str:
-        """The deployment a trial of ``replicas`` x TP ``tp`` simulates."""
-        return deployment_text(
-            self.model,
-            self.hardware,
-            tp,
-            replicas,
-            self.balancer,
-            self.util,
-            self.max_num_seqs,
-            self.max_model_len,
-        )
+    def deployment(self, shape: Shape, replicas: int) -> str:
+        """The deployment a trial of ``replicas`` of ``shape`` simulates."""
+        options = shape.options(self.hardware, self.space.model_spec, self.space.util)
+        return sim_deployment_text(options, replicas, shape.balancer, self.max_model_len)
 
-    def cost_model(self, tp: int) -> Any:
-        if tp not in self._cost:
-            self._cost[tp] = CostModel(self.model_profile, self.hw, tp)
-        return self._cost[tp]
+    def cost(self, shape: Shape, replicas: int) -> float:
+        """What ``replicas`` of ``shape`` cost per hour (devices, without a price)."""
+        return replicas * shape.tensor_parallel * (self.price if self.price is not None else 1.0)
 
-    def load(self, tp: int) -> float:
-        kv = kv_cache_tokens(self.model_profile, self.hw, tp, self.util)
+    def cheaper_than(self, shape: Shape, cost: float) -> int:
+        """The most replicas of ``shape`` that cost less than ``cost``."""
+        return max(0, math.ceil(cost / self.cost(shape, 1) - 1e-9) - 1)
+
+    def load(self, shape: Shape) -> float:
+        """Replica-equivalents of work at this shape (the roofline guess; optimistic)."""
+        model = self.space.model_at(shape.weight_precision, shape.kv_precision)
+        kv = kv_cache_tokens(model, self.space.hw, shape.tensor_parallel, self.space.util)
         itl = self.slo.itl_p99_s if self.slo.itl_p99_s is not None else self.slo.request_thresholds[1]
-        return replica_load(self.cost_model(tp), self.desc, self.fresh_rate, kv, self.max_num_seqs, itl)
+        cm = self.space.cost_model(shape)
+        return replica_load(cm, self.desc, self.fresh_rate, kv, shape.max_num_seqs, itl)
 
-    def judge(self, s: dict[str, Any], margin: float = 1.0) -> list[str]:
-        """Why a run's summary misses the SLO (empty: it meets it)."""
+    def judge(self, s: dict[str, Any], margin: float = 1.0) -> tuple[list[str], float]:
+        """Why a run's summary misses the SLO (empty: it meets it), and its worst ratio of a
+        p99 to its target."""
         if not s["requests_completed"]:
-            return ["no request completed"]
+            return ["no request completed"], math.inf
         slo = self.slo
         failures = []
-        if not slo.satisfied(ttft_p99=s["ttft_p99"], itl_p99=s["itl_p99"], e2e_p99=s["e2e_p99"]):
-            for name, target, value in (
-                ("TTFT", slo.ttft_p99_s, s["ttft_p99"]),
-                ("ITL", slo.itl_p99_s, s["itl_p99"]),
-                ("E2E", slo.e2e_p99_s, s["e2e_p99"]),
-            ):
-                if target is not None and value > target * margin:
-                    failures.append(f"{name} p99 {secs(value)} > {secs(target)}")
+        worst = 0.0
+        for name, target, value in (
+            ("TTFT", slo.ttft_p99_s, s["ttft_p99"]),
+            ("ITL", slo.itl_p99_s, s["itl_p99"]),
+            ("E2E", slo.e2e_p99_s, s["e2e_p99"]),
+        ):
+            if target is not None:
+                worst = max(worst, value / target)
+                if value > target * margin:
+                    failures.append(f"{name} p99 {secs(value)} > {secs(target)} ({value / target:.2g}x)")
         if self.goodput_target is not None and s["goodput"] is not None:
             floor = self.goodput_target - (0.01 if margin > 1 else 0.0)
             if s["goodput"] < floor:
@@ -211,31 +218,99 @@ class Planner:
         rejected = s["rejected"] / s["requests_arrived"] if s["requests_arrived"] else 0.0
         if rejected > 0.01:
             failures.append(f"{rejected:.1%} rejected (longer than the context window)")
-        return failures
+        return failures, worst
 
-    def run(self, phase: str, tp: int, replicas: int, horizon: float, scale: float = 1.0) -> Trial:
-        key = (tp, replicas, horizon, scale)
+    def run(
+        self,
+        phase: str,
+        shape: Shape,
+        replicas: int,
+        horizon: float,
+        scale: float = 1.0,
+        seed: int | None = None,
+    ) -> Trial:
+        seed = self.seed if seed is None else seed
+        key = (shape, replicas, horizon, scale, seed)
         if key in self._cache:
             return self._cache[key]
-        resolved = load_deployment(DEPLOYMENT_SOURCE, self.plugins, text=self.deployment(tp, replicas))
+        resolved = load_deployment(DEPLOYMENT_SOURCE, self.plugins, text=self.deployment(shape, replicas))
         workload = self.workload if scale == 1.0 else self.workload.scaled(scale)
-        self.reporter.trial_started(phase, tp, replicas, horizon)
+        self.reporter.trial_started(phase, shape.label(), replicas, horizon)
         try:
             result = simulate(
                 resolved,
                 self.plugins,
                 workload,
                 duration=horizon,
-                seed=self.seed,
+                seed=seed,
                 progress=self.reporter.advance,
+                stop_after=None if phase == "floor" else self.stop_after(horizon),
             )
         except ValueError as exc:  # the engine refused the configuration
             raise PlanError([Problem("--model", str(exc))], "options") from None
-        s = result.summary()
-        failures = self.judge(s, FLOOR_MARGIN if phase == "floor" else 1.0)
+        return self._record(phase, shape, replicas, horizon, scale, seed, result.summary(), result.wall_s)
+
+    def stop_after(self, horizon: float) -> tuple[float, int] | None:
+        """When a trial's TTFT has settled the verdict: once more requests than the target
+        allows (1% for the p99; the goodput share for the per-request threshold) of the
+        requests the horizon brings have taken longer than the target to their first token,
+        the run stops (simulating an overloaded pool to its end is the slowest part of a
+        search, and its answer is known)."""
+        expected = self.desc["request_rate"] * horizon
+        slo = self.slo
+        if slo.ttft_p99_s is not None:
+            return slo.ttft_p99_s, max(1, math.floor(0.01 * expected))
+        if slo.ttft_s is not None and self.goodput_target is not None:
+            return slo.ttft_s, max(1, math.floor((1 - self.goodput_target) * expected))
+        return None
+
+    def prefetch(self, runs: list[tuple[str, Shape, int, float, int]]) -> None:
+        """Run the uncached trials among ``runs`` (phase, shape, replicas, horizon, seed; at
+        the workload's own rate) side by side in the worker pool, when there is one and more
+        than one trial to run; the search then finds them done."""
+        todo: dict[tuple[Shape, int, float, float, int], str] = {}
+        for phase, shape, replicas, horizon, seed in runs:
+            key = (shape, replicas, horizon, 1.0, seed)
+            if key not in self._cache:
+                todo.setdefault(key, phase)
+        if self.pool is None or len(todo) < 2:
+            return
+        futures = {}
+        for (shape, replicas, horizon, _, seed), phase in todo.items():
+            self.reporter.trial_started(phase, shape.label(), replicas, horizon)
+            text = self.deployment(shape, replicas)
+            args = (DEPLOYMENT_SOURCE, text, self.workload, horizon, seed, self.stop_after(horizon))
+            futures[self.pool.submit(simulate_summary, *args)] = (phase, shape, replicas, horizon, seed)
+        for future in as_completed(futures):
+            phase, shape, replicas, horizon, seed = futures[future]
+            try:
+                summary, wall = future.result()
+            except ValueError as exc:  # the engine refused the configuration
+                raise PlanError([Problem("--model", str(exc))], "options") from None
+            self._record(phase, shape, replicas, horizon, 1.0, seed, summary, wall)
+
+    def _record(
+        self,
+        phase: str,
+        shape: Shape,
+        replicas: int,
+        horizon: float,
+        scale: float,
+        seed: int,
+        s: dict[str, Any],
+        wall_s: float,
+    ) -> Trial:
+        """A finished run as a :class:`Trial`, cached and reported."""
+        key = (shape, replicas, horizon, scale, seed)
+        failures, worst = self.judge(s, FLOOR_MARGIN if phase == "floor" else 1.0)
+        if s.get("stopped_at") is not None:
+            slow, most = self.stop_after(horizon) or (0.0, 0)
+            failures.append(
+                f"stopped at {s['stopped_at']:,.0f} s: over {most:,} requests above TTFT {secs(slow)}"
+            )
         trial = Trial(
             phase=phase,
-            tensor_parallel=tp,
+            tensor_parallel=shape.tensor_parallel,
             replicas=replicas,
             duration_s=horizon,
             rate_scale=scale,
@@ -252,7 +327,12 @@ class Planner:
             prefix_hit_rate=s["prefix_hit_rate"],
             met=not failures,
             failures=failures,
-            wall_s=result.wall_s,
+            wall_s=wall_s,
+            config=shape.to_dict(),
+            label=shape.label(),
+            cost_per_hour=self.cost(shape, replicas),
+            seed=seed,
+            worst=worst,
         )
         self._cache[key] = trial
         self.tried.append(trial)
@@ -261,13 +341,12 @@ class Planner:
 
     # ----------------------------------------------------------------- the floor
 
-    def unreachable(self, tp: int, *, run: bool = True) -> str | None:
-        """Why no replica count can meet the SLO at this TP size (None: it may). The cost
-        model's single-iteration times are checked first; with ``run`` an unloaded run
-        follows."""
-        if tp in self._floor:
-            return self._floor[tp]
-        cm = self.cost_model(tp)
+    def unreachable(self, shape: Shape, *, run: bool = True) -> str | None:
+        """Why no replica count of ``shape`` can meet the SLO (None: it may). The cost model's
+        single-iteration times are checked first; with ``run`` an unloaded run follows."""
+        if shape in self._floor:
+            return self._floor[shape]
+        cm = self.space.cost_model(shape)
         slo = self.slo
         one_step = cm.decode_time(1, 1)
         if slo.itl_p99_s is not None and one_step > slo.itl_p99_s:
@@ -284,30 +363,31 @@ class Planner:
             return None
         else:
             rate = self.desc["request_rate"]
-            load = self.load(tp)
+            load = self.load(shape)
             scale = min(1.0, FLOOR_LOAD / load) if load > 0 else 1.0
             horizon = self.search_duration
             if rate > 0:
                 horizon = min(10 * self.search_duration, max(horizon, FLOOR_REQUESTS / (rate * scale)))
-            trial = self.run("floor", tp, 1, horizon, scale)
+            trial = self.run("floor", shape, 1, horizon, scale)
+            self._floor_trial[shape] = trial
             reason = None
             if trial.failures:
                 reason = (
                     f"even unloaded (1 replica at {scale:.2g}x the arrival rate) it misses: "
                     + "; ".join(trial.failures)
                 )
-        self._floor[tp] = reason
+        self._floor[shape] = reason
         return reason
 
-    # ----------------------------------------------------------------- the search
+    # ----------------------------------------------------------------- one shape's count
 
-    def excess(self, tp: int, trial: Trial) -> float:
+    def excess(self, shape: Shape, trial: Trial) -> float:
         """How far a trial is from the SLO: the largest ratio over the targets of the metric's
         excess above its unloaded value to the target's (above 1: missed; None-free)."""
         slo = self.slo
-        floor = self._floor_trial(tp)
+        floor = self._floor_trial.get(shape)
         ctx = max(1, round(self.desc["mean_input_tokens"] + self.desc["mean_output_tokens"] / 2))
-        itl_floor = floor.itl_p99 if floor else self.cost_model(tp).decode_time(1, ctx)
+        itl_floor = floor.itl_p99 if floor else self.space.cost_model(shape).decode_time(1, ctx)
         ratio = 0.0
         for target, value, base in (
             (slo.ttft_p99_s, trial.ttft_p99, floor.ttft_p99 if floor else 0.0),
@@ -322,52 +402,55 @@ class Planner:
             ratio = max(ratio, (1 - share) / max(1 - target_share, 1e-3))
         return ratio
 
-    def growth(self, tp: int, trial: Trial) -> float:
-        """Factor on the replica count after a failed trial (1.1 to 3): the excess, taken as
-        inversely proportional to the replica count, plus 10%."""
-        ratio = self.excess(tp, trial)
+    def growth(self, shape: Shape, trial: Trial) -> float:
+        """Factor on the replica count after a failed trial (1.1 to :data:`MAX_GROWTH`): the
+        excess, taken as inversely proportional to the replica count, plus 10%."""
+        ratio = self.excess(shape, trial)
         if ratio <= 1.0:  # failed for another reason (rejections, nothing completed)
             ratio = 2.0
-        return min(3.0, max(1.1, ratio * 1.1))
+        return min(MAX_GROWTH, max(1.1, ratio * 1.1))
 
-    def _floor_trial(self, tp: int) -> Trial | None:
-        for trial in self.tried:
-            if trial.phase == "floor" and trial.tensor_parallel == tp:
-                return trial
-        return None
-
-    def search(self, tp: int, horizon: float, phase: str, guess: int, lo: int, cap: int) -> int | None:
+    def search(
+        self,
+        shape: Shape,
+        horizon: float,
+        phase: str,
+        guess: int,
+        lo: int,
+        cap: int,
+        seed: int | None = None,
+    ) -> int | None:
         """Smallest replica count in ``(lo, cap]`` meeting the SLO over ``horizon`` (counts up
         to ``lo`` are taken to fail); None when none does (or the SLO is unreachable).
 
-        Grows by :meth:`growth` until a count meets, then narrows the bracket by interpolating
-        the excess log-linearly between its ends (bisecting when that stalls on one side)."""
+        Grows by :meth:`growth` until a count meets (stopping early when more replicas stop
+        helping, :meth:`_saturated`), then narrows the bracket by geometric bisection."""
         if lo >= cap:
             return None
         hi: int | None = None
         lo_trial: Trial | None = None
-        hi_trial: Trial | None = None
         failures = 0
-        last_met: bool | None = None
-        same_side = 0  # consecutive narrowing steps that moved the same end of the bracket
         first = n = max(lo + 1, min(guess, cap))
         while True:
-            trial = self.run(phase, tp, n, horizon)
-            if lo_trial is not None and hi_trial is not None:
-                same_side = same_side + 1 if trial.met == last_met else 1
-            last_met = trial.met
+            trial = self.run(phase, shape, n, horizon, seed=seed)
             if trial.met:
-                hi, hi_trial = n, trial
+                hi = n
             else:
+                previous = lo_trial
                 lo, lo_trial = n, trial
                 failures += 1
+                if hi is None and previous is not None and self._saturated(shape, previous, trial):
+                    return None
                 # Growing again after a second failure: first make sure more replicas can help.
-                if hi is None and failures >= 2 and lo < cap and self.unreachable(tp) is not None:
+                if hi is None and failures >= 2 and lo < cap and self.unreachable(shape) is not None:
                     return None
             if hi is None:
                 if lo >= cap:
                     return None
-                n = min(cap, max(lo + 1, math.ceil(lo * self.growth(tp, trial))))
+                factor = self.growth(shape, trial)
+                if phase == "confirm":
+                    factor = min(factor, CONFIRM_GROWTH)  # it met a shorter run: it is close
+                n = min(cap, max(lo + 1, math.ceil(lo * factor)))
             elif hi - lo <= 1:
                 return hi
             elif lo_trial is None:
@@ -375,95 +458,223 @@ class Planner:
                 # likely fails; if not, bisect below.
                 n = hi - 1 if n == first else (lo + hi) // 2
             else:
-                n = (lo + hi) // 2
-                r_lo = self.excess(tp, lo_trial)
-                r_hi = self.excess(tp, hi_trial) if hi_trial is not None else 0.0
-                if same_side < 2 and r_lo > 1.0 and 0.0 < r_hi < 1.0:
-                    share = math.log(r_lo) / (math.log(r_lo) - math.log(r_hi))
-                    guess_n = math.ceil(math.exp(math.log(lo) + share * (math.log(hi) - math.log(lo))))
-                    n = min(hi - 1, max(lo + 1, guess_n))
+                # Geometric bisection: the excess is too flat near an iteration-bound target
+                # (ITL) for interpolation to land well, and counts are compared by ratio.
+                n = min(hi - 1, max(lo + 1, round(math.sqrt(lo * hi))))
 
-    def solve(self, sizes: list[int]) -> Trial | None:
-        """Best-first over the TP sizes by the fewest devices each could still need."""
-        two_horizons = self.search_duration < self.duration
-        # per TP: the largest count known to fail over the search horizon and over the full
-        # one, the smallest known to meet over each, and the TP sizes settled for good
-        lo_s = dict.fromkeys(sizes, 0)
-        lo_f = dict.fromkeys(sizes, 0)
-        found_s: dict[int, int] = {}
-        found_f: dict[int, int] = {}
-        settled: set[int] = set()
-        best: Trial | None = None
+    def _saturated(self, shape: Shape, fewer: Trial, more: Trial) -> bool:
+        """Whether adding replicas stopped helping the ITL: at least
+        :data:`SATURATION_GROWTH` times the replicas left a missed p99 ITL within
+        :data:`SATURATION_GAIN` of where it was. That is an iteration-level limit (a prefill
+        chunk that makes the iterations it joins too long, a slow single step) which more
+        replicas do not cure. The reason is kept for the report."""
+        target = self.slo.itl_p99_s
+        if target is None or more.replicas < SATURATION_GROWTH * fewer.replicas:
+            return False
+        if more.itl_p99 <= target or more.itl_p99 < SATURATION_GAIN * fewer.itl_p99:
+            return False
+        self._floor[shape] = (
+            f"more replicas do not help: from {fewer.replicas} to {more.replicas} replicas the ITL p99 "
+            f"stays at {secs(more.itl_p99)} (target {secs(target)})"
+        )
+        return True
 
-        def bound(tp: int) -> int:
-            """Fewest devices TP ``tp`` could still need."""
-            if tp in found_f:
-                return tp * found_f[tp]
-            if tp in found_s:
-                return tp * max(found_s[tp], lo_f[tp] + 1)
-            return tp * (max(lo_s[tp], lo_f[tp]) + 1)
+    # ----------------------------------------------------------------- the knobs
 
-        while True:
-            open_ = [tp for tp in sizes if tp not in settled]
-            if not open_:
-                break
-            tp = min(open_, key=lambda t: (bound(t), t))
-            if best is not None and bound(tp) > best.devices:
-                for t in open_:
-                    self.notes.append(
-                        f"TP {t} left out: it needs at least {bound(t)} devices, "
-                        f"more than the {best.devices} recommended"
-                    )
-                break
-            # Devices worth spending: no more than another TP size is known to meet with (or
-            # could, by its short run); a TP size cut off here stays open with a higher bound.
-            others = [bound(u) for u in sizes if u != tp and u not in settled and (u in found_s)]
-            if best is not None:
-                others.append(best.devices)
-            limit = min(others) // tp if others else self.max_replicas
-            cap = min(self.max_replicas, limit)
-            if tp not in found_s:
-                if self.unreachable(tp, run=False) is not None:
-                    settled.add(tp)
-                    self._note_none(tp)
-                    continue
-                guess = max(1, math.ceil(self.load(tp)))
-                n = self.search(tp, self.search_duration, "search", guess, lo_s[tp], cap)
-                if n is None:
-                    lo_s[tp] = max(lo_s[tp], cap)
-                    if cap >= self.max_replicas or self._floor.get(tp) is not None:
-                        settled.add(tp)
-                        self._note_none(tp)
-                    continue
-                found_s[tp] = n
-                lo_s[tp] = n - 1
-                if two_horizons:
-                    continue  # its bound may have grown: take the best TP size again
-                found_f[tp] = n
-            if tp not in found_f:
-                start = max(found_s[tp], lo_f[tp] + 1)
-                n = self.search(tp, self.duration, "confirm", start, start - 1, cap)
-                if n is None:
-                    lo_f[tp] = max(lo_f[tp], cap)
-                    if cap >= self.max_replicas or self._floor.get(tp) is not None:
-                        settled.add(tp)
-                        self._note_none(tp)
-                    continue
-                found_f[tp] = n
-            settled.add(tp)
-            trial = self._cache[(tp, found_f[tp], self.duration, 1.0)]
-            if best is None or (trial.devices, trial.ttft_p99) < (best.devices, best.ttft_p99):
-                best = trial
-        return best
+    def guess(self, shape: Shape) -> int:
+        return max(1, math.ceil(self.load(shape)))
 
-    def _note_none(self, tp: int) -> None:
-        reason = self._floor.get(tp)
-        if reason is not None:
-            self.notes.append(f"TP {tp}: no replica count can meet the SLO: {reason}")
-        else:
-            self.notes.append(
-                f"TP {tp}: no replica count up to --max-replicas {self.max_replicas} meets the SLO"
+    def reject(self, shape: Shape, against: Shape | None, replicas: int, reason: str) -> None:
+        change = shape.change(against) if against is not None else "the start"
+        self.rejected.append(Rejection(shape.label(), change, replicas, reason))
+
+    def attempt(self, shape: Shape, against: Shape | None, best: Trial | None) -> Trial | None:
+        """Try ``shape`` against the best so far: its search trial at the fewest replicas
+        meeting the SLO when that costs less than ``best``, else None (with the reason kept)."""
+        self.visited.add(shape)
+        cap = self.max_replicas
+        if best is not None:
+            cap = min(cap, self.cheaper_than(shape, best.cost_per_hour))
+            if cap < 1:
+                self.reject(
+                    shape, against, 0, f"one replica costs as much as the best ({best.devices} devices)"
+                )
+                return None
+        why = self.unreachable(shape, run=False)
+        if why is not None:
+            self.reject(shape, against, 0, why)
+            return None
+        guess = self.guess(shape)
+        if guess > ROOFLINE_MARGIN * cap:
+            # The roofline guess is rough (it can land above the answer): only a clear
+            # shortfall is rejected without a simulation.
+            self.reject(
+                shape,
+                against,
+                guess,
+                f"the roofline estimate is {guess} replicas; {cap} is the most that would cost less",
             )
+            return None
+        if best is not None:
+            above = self._failed_at_or_above(shape, cap)
+            if above is not None:  # a side-by-side probe at a higher count already missed
+                self.reject(
+                    shape,
+                    against,
+                    above.replicas,
+                    f"misses at {above.replicas} replicas: " + "; ".join(above.failures),
+                )
+                return None
+            probe = self.run("probe", shape, cap, self.search_duration)
+            if not probe.met:
+                self.reject(shape, against, cap, f"misses at {cap} replicas: " + "; ".join(probe.failures))
+                return None
+        n = self.search(shape, self.search_duration, "search", guess, 0, cap)
+        if n is None:
+            floor = self._floor.get(shape)
+            reason = floor or f"no count up to {cap} replicas meets the SLO"
+            self.reject(shape, against, cap, reason)
+            return None
+        return self._cache[(shape, n, self.search_duration, 1.0, self.seed)]
+
+    def _failed_at_or_above(self, shape: Shape, replicas: int) -> Trial | None:
+        """A search-horizon trial of ``shape`` at ``replicas`` or more that missed (fewer
+        replicas are taken to miss too)."""
+        for (s, n, horizon, scale, seed), t in self._cache.items():
+            if s == shape and n >= replicas and horizon == self.search_duration and scale == 1.0:
+                if seed == self.seed and not t.met:
+                    return t
+        return None
+
+    def _probes(self, shapes: list[Shape], best: Trial | None) -> list[tuple[str, Shape, int, float, int]]:
+        """The probe trials :meth:`attempt` would run first for each of ``shapes``."""
+        runs = []
+        for shape in shapes:
+            if best is None or self.unreachable(shape, run=False) is not None:
+                continue
+            cap = min(self.max_replicas, self.cheaper_than(shape, best.cost_per_hour))
+            if cap >= 1 and self.guess(shape) <= ROOFLINE_MARGIN * cap:
+                runs.append(("probe", shape, cap, self.search_duration, self.seed))
+        return runs
+
+    def solve(self, start: Shape) -> tuple[Shape, Trial] | None:
+        """The cheapest shape and count found from ``start`` (see the module's docstring),
+        confirmed over the full duration; None when nothing meets."""
+        best: tuple[Shape, Trial] | None = None
+        trial = self.attempt(start, None, None)
+        if trial is not None:
+            best = (start, trial)
+        for _ in range(MAX_PASSES):
+            improved = False
+            for dimension in DIMENSIONS:
+                center = best[0] if best is not None else start
+                shapes = [x for x in self.space.neighbours(center, dimension) if x not in self.visited]
+                self.prefetch(self._probes(shapes, best[1] if best is not None else None))
+                for shape in shapes:
+                    trial = self.attempt(shape, center, best[1] if best is not None else None)
+                    if trial is not None and (best is None or self.better(trial, best[1])):
+                        best = (shape, trial)
+                        improved = True
+            if not improved:
+                break
+        if best is None:
+            return None
+        shape, found = best
+        # The answer, over the full duration on another sample of the workload (and, with
+        # workers to spare, the closest runners-up at once, in case it grows past them).
+        confirm_seed = self.seed + 1
+        runs = [("confirm", shape, found.replicas, self.duration, confirm_seed)]
+        for other in self._runners_up(shape)[: max(0, self.jobs - 1)]:
+            runs.append(("confirm", Shape(**other.config), other.replicas, self.duration, confirm_seed))
+        self.prefetch(runs)
+        n = self.search(
+            shape,
+            self.duration,
+            "confirm",
+            found.replicas,
+            found.replicas - 1,
+            self.max_replicas,
+            seed=confirm_seed,
+        )
+        if n is None:
+            self.notes.append(
+                f"{shape.label()} met the SLO over {self.search_duration:,.0f} s with "
+                f"{found.replicas} replicas but no count up to {self.max_replicas} meets it "
+                f"over {self.duration:,.0f} s"
+            )
+            return None
+        confirmed = self._cache[(shape, n, self.duration, 1.0, confirm_seed)]
+        if n > found.replicas:
+            self.notes.append(
+                f"over the full {self.duration:,.0f} s {shape.label()} needed {n} replicas "
+                f"instead of {found.replicas}"
+            )
+        # Others that met the short run for less (or for as much at the model's own
+        # precision) are confirmed too: the answer may have grown past them.
+        answer = (shape, confirmed)
+        for other in self._runners_up(shape):
+            current = answer[1]
+            if not self.better(other, current):
+                continue
+            other_shape = Shape(**other.config)
+            cap = min(self.max_replicas, math.floor(current.cost_per_hour / self.cost(other_shape, 1) + 1e-9))
+            n = self.search(
+                other_shape,
+                self.duration,
+                "confirm",
+                other.replicas,
+                other.replicas - 1,
+                cap,
+                seed=confirm_seed,
+            )
+            if n is not None:
+                trial = self._cache[(other_shape, n, self.duration, 1.0, confirm_seed)]
+                if self.better(trial, current):
+                    answer = (other_shape, trial)
+        return answer
+
+    def _runners_up(self, shape: Shape) -> list[Trial]:
+        """The cheapest short-run trial meeting the SLO of every other shape, cheapest first."""
+        best: dict[str, Trial] = {}
+        for t in self.tried:
+            if t.met and t.phase in ("search", "probe") and t.duration_s == self.search_duration:
+                if t.label != shape.label() and (t.label not in best or self.better(t, best[t.label])):
+                    best[t.label] = t
+        return sorted(best.values(), key=lambda t: (t.cost_per_hour, not self.native(t), t.ttft_p99))
+
+    def native(self, trial: Trial) -> bool:
+        """Whether a trial ran the model's own precisions."""
+        return (trial.config["weight_precision"], trial.config["kv_precision"]) == self.space.native
+
+    def better(self, a: Trial, b: Trial) -> bool:
+        """Cheaper; at the same cost, fewer devices, then the model's own precision, then
+        the lower p99 TTFT."""
+        key_a = (round(a.cost_per_hour, 6), a.devices, not self.native(a), a.ttft_p99)
+        key_b = (round(b.cost_per_hour, 6), b.devices, not self.native(b), b.ttft_p99)
+        return key_a < key_b
+
+    def frontier(self) -> list[Trial]:
+        """Search trials no other beats on cost, p99 TTFT and p99 ITL together, cheapest first."""
+        pool = [
+            t
+            for t in self.tried
+            if t.phase in ("search", "probe") and t.rate_scale == 1.0 and t.duration_s == self.search_duration
+        ]
+        keys = [(t.cost_per_hour, t.ttft_p99, t.itl_p99) for t in pool]
+        out = []
+        for t, k in zip(pool, keys, strict=True):
+            dominated = any(o != k and all(a <= b for a, b in zip(o, k, strict=True)) for o in keys)
+            if not dominated and all(k != (u.cost_per_hour, u.ttft_p99, u.itl_p99) for u in out):
+                out.append(t)
+        return sorted(out, key=lambda t: (t.cost_per_hour, t.ttft_p99))
+
+
+def _split(values: str | list[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    items = values.split(",") if isinstance(values, str) else values
+    out = [v.strip() for v in items if v.strip()]
+    return out or None
 
 
 def plan(
@@ -476,31 +687,47 @@ def plan(
     seed: int = 0,
     max_replicas: int = DEFAULT_MAX_REPLICAS,
     tensor_parallel_size: int | None = None,
-    balancer: str = "round_robin",
+    balancer: str | list[str] | None = None,
     goodput: float | None = None,
     ttft_p99: float | None = None,
     itl_p99: float | None = None,
     e2e_p99: float | None = None,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_seqs: int | list[int] | None = None,
+    max_num_batched_tokens: int | list[int] | None = None,
+    weight_precision: str | list[str] | None = None,
+    kv_precision: str | list[str] | None = None,
+    prefix_caching: bool | None = None,
+    price: float | None = None,
     max_model_len: int | None = None,
+    jobs: int | None = 1,
     plugins: PluginManager | None = None,
     reporter: PlanReporter | None = None,
 ) -> PlanResult:
-    """Find the fewest devices (replicas x tensor-parallel size) of ``model`` on ``hardware``
-    that meet ``workload``'s SLO, by simulation (see the module's docstring for the search).
+    """Find the cheapest configuration of ``model`` on ``hardware`` that meets ``workload``'s
+    SLO, by simulation (see the module's docstring for the search).
 
-    ``model`` and ``hardware`` are profile names or paths (``model`` may carry precisions:
-    ``llama-3.1-70b@fp8``). ``duration``: simulated seconds the answer is confirmed over
-    (default: the workload's); ``search_duration``: seconds of each search trial (``None``:
-    the full duration). ``goodput``: share of requests that must meet the per-request
-    thresholds (default 0.99 when the SLO has thresholds of its own, else unchecked).
-    ``ttft_p99``/``itl_p99``/``e2e_p99`` override the workload's SLO targets (seconds).
+    ``model`` and ``hardware`` are profile names or paths. A knob given here is pinned (a list
+    or comma-separated string: searched among those values): ``tensor_parallel_size``,
+    ``balancer``, ``max_num_seqs``, ``max_num_batched_tokens``, ``weight_precision``,
+    ``kv_precision`` (a precision in ``model``'s ``@`` suffix pins it too),
+    ``prefix_caching``. ``price``: of one device-hour (default: the hardware profile's).
+    ``jobs``: trials run side by side in that many worker processes (``None``: one per
+    CPU; 1: all in this process). ``duration``: simulated seconds the answer is confirmed
+    over (default: the workload's);
+    ``search_duration``: seconds of each search trial (``None``: the full duration).
+    ``goodput``: share of requests that must meet the per-request thresholds (default 0.99
+    when the SLO has thresholds of its own, else unchecked). ``ttft_p99``/``itl_p99``/
+    ``e2e_p99`` override the workload's SLO targets (seconds).
 
     Raises :class:`PlanError` (a ``ConfigError``) for unusable inputs; a workload no
     configuration meets is not an error: the result's ``recommendation`` is ``None`` and its
     ``notes`` say why."""
     started = time.perf_counter()
+    seqs_list = [max_num_seqs] if isinstance(max_num_seqs, int) else max_num_seqs
+    chunk_list = (
+        [max_num_batched_tokens] if isinstance(max_num_batched_tokens, int) else max_num_batched_tokens
+    )
     problems = []
     if max_replicas < 1:
         problems.append(Problem("--max-replicas", f"must be at least 1 (got {max_replicas})"))
@@ -512,14 +739,32 @@ def plan(
         problems.append(Problem("--goodput", f"must be between 0 and 1 (got {goodput:g})"))
     if not 0 < gpu_memory_utilization <= 1:
         problems.append(Problem("--gpu-memory-utilization", "must be in (0, 1]"))
-    if max_num_seqs < 1:
+    if seqs_list is not None and min(seqs_list) < 1:
         problems.append(Problem("--max-num-seqs", "must be at least 1"))
+    if chunk_list is not None and min(chunk_list) < 16:
+        problems.append(Problem("--max-num-batched-tokens", "must be at least 16"))
     if max_model_len is not None and max_model_len < 16:
         problems.append(Problem("--max-model-len", "must be at least 16"))
+    if jobs is not None and jobs < 1:
+        problems.append(Problem("--jobs", f"must be at least 1 (got {jobs})"))
+    if price is not None and not price > 0:
+        problems.append(Problem("--price", f"must be positive (got {price:g})"))
     if problems:
         raise PlanError(problems, "options")
 
-    model_profile = load_model(model)
+    base_model = load_model(model)
+    weights = _split(weight_precision)
+    kvs = _split(kv_precision)
+    if "@" in model:  # precisions in the model's name are pinned
+        weights = weights or [base_model.weight_precision]
+        kvs = kvs or [base_model.kv_precision]
+    for name, values in (("weight_precision", weights), ("kv_precision", kvs)):
+        for value in values or ():
+            try:
+                load_model(model, **{name: value})
+            except ConfigError as exc:  # an unknown precision
+                option = f"--{name.replace('_', '-')}"
+                raise PlanError([Problem(option, p.message) for p in exc.problems], "options") from None
     hw = load_hardware(hardware)
     if not isinstance(workload, Workload):
         workload = load_workload(workload)
@@ -545,48 +790,92 @@ def plan(
         goodput = None
 
     full = duration if duration is not None else workload.duration_s
-    short = full if search_duration is None else min(search_duration, full)
-    sizes = tp_candidates(model_profile, hw, gpu_memory_utilization, max_model_len, tensor_parallel_size)
     desc = describe(workload, full)
+    warm = warmup_s(workload, full, seed)
+    short = full if search_duration is None else min(full, warm + search_duration)
+    shared = bool(desc["prefix_groups"]) or any(s["type"] == "chat" for s in desc["streams"])
+    space = Space(
+        base_model,
+        model,
+        hw,
+        util=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        tensor_parallel=tensor_parallel_size,
+        weight_precisions=weights,
+        kv_precisions=kvs,
+        chunks=chunk_list,
+        max_num_seqs=seqs_list,
+        prefix_caching=prefix_caching,
+        balancers=_split(balancer),
+        shared_prefixes=shared,
+    )
     plugins = plugins or load_plugins()
+    unit_price = price if price is not None else hw.price_per_hour
     planner = Planner(
-        model=model,
+        space=space,
         hardware=hardware,
-        model_profile=model_profile,
-        hw=hw,
         workload=workload,
         desc=desc,
         duration=full,
         search_duration=short,
         seed=seed,
         max_replicas=max_replicas,
-        balancer=balancer,
         goodput_target=goodput,
-        util=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
+        price=unit_price,
         max_model_len=max_model_len,
         plugins=plugins,
         reporter=reporter or PlanReporter(),
+        jobs=jobs if jobs is not None else (os.cpu_count() or 1),
     )
-    check_deployment(planner.deployment(sizes[0], 1), plugins)
-    best = planner.solve(sizes)
+    itl = slo.itl_p99_s if slo.itl_p99_s is not None else slo.request_thresholds[1]
+    start = space.base(itl, _decode_batch(planner, space, desc, itl))
+    for b in space.balancers:  # a bad --balancer (or engine setting) is reported against its option
+        check_deployment(
+            planner.deployment(start.__class__(**{**start.to_dict(), "balancer": b}), 1), plugins
+        )
+    if warm > 0:
+        planner.notes.append(
+            f"the workload's load grows for about {warm:,.0f} s (conversations lengthen): "
+            f"search trials run {short:,.0f} s"
+        )
+    if planner.jobs > 1:
+        planner.pool = trial_pool(planner.jobs)
+    try:
+        answer = planner.solve(start)
+    finally:
+        if planner.pool is not None:
+            planner.pool.shutdown(cancel_futures=True)
+    best = answer[1] if answer is not None else None
     if best is None:
         planner.notes.insert(0, "no configuration meets the SLO")
-    kv_tp = best.tensor_parallel if best is not None else sizes[0]
+    shape = answer[0] if answer is not None else start
+    kv_model = space.model_at(shape.weight_precision, shape.kv_precision)
     input_tokens = max(1, round(desc["mean_input_tokens"]))
     output_tokens = max(1, round(desc["mean_output_tokens"]))
     report = kv_report(
-        model_profile,
+        kv_model,
         hw,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        tp=kv_tp,
+        tp=shape.tensor_parallel,
         gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=shape.max_num_seqs,
     )
     room = report.kv_blocks // max(-(-(input_tokens + output_tokens) // report.block_size), 1)
+    quality = space.quality(shape) if answer is not None else None
+    native = None
+    if quality is not None:
+        at_native = [
+            t
+            for t in planner.tried
+            if t.met
+            and t.phase == "search"
+            and (t.config["weight_precision"], t.config["kv_precision"]) == space.native
+        ]
+        native = min(at_native, key=lambda t: (t.cost_per_hour, t.ttft_p99), default=None)
+    sizes = space.tp_sizes(shape.weight_precision, shape.kv_precision)
     return PlanResult(
-        model=model_profile.spec,
+        model=kv_model.spec,
         hardware=hw.name,
         workload={
             k: desc[k]
@@ -597,14 +886,37 @@ def plan(
         duration_s=full,
         search_duration_s=short,
         seed=seed,
-        balancer=balancer,
+        balancer=shape.balancer,
         max_replicas=max_replicas,
-        tensor_parallel_sizes=sizes,
+        tensor_parallel_sizes=sizes if isinstance(sizes, list) else [],
         recommendation=best,
         tried=planner.tried,
         kv=report,
         kv_room_seqs=room,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=shape.max_num_seqs,
         notes=planner.notes,
         wall_s=time.perf_counter() - started,
+        price_per_hour=unit_price,
+        rejected=planner.rejected,
+        frontier=planner.frontier(),
+        quality=quality,
+        native=native,
+        warmup_s=warm,
     )
+
+
+def _decode_batch(planner: Planner, space: Space, desc: dict[str, Any], itl: float | None) -> int:
+    """Sequences a replica typically decodes at once: the workload's decode work spread over
+    the roofline's replica count at the smallest chunk."""
+    sizes = space.tp_sizes(*space.precisions[0])
+    if not isinstance(sizes, list):
+        return 32
+    probe = Shape(sizes[0], *space.precisions[0], space.chunks[0], 256, True, space.balancers[0])
+    replicas = planner.guess(probe)
+    cm = space.cost_model(probe)
+    ctx = max(1, round(desc["mean_input_tokens"] + desc["mean_output_tokens"] / 2))
+    step = cm.decode_time(32, ctx)
+    if itl is not None:
+        step = min(step, itl)
+    busy = desc["request_rate"] * desc["mean_output_tokens"] * step / replicas
+    return max(1, min(256, round(busy)))

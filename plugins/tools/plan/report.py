@@ -35,6 +35,13 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def _money(result: PlanResult, cost: float) -> str:
+    """A configuration's cost per hour (devices when no price is known)."""
+    if result.price_per_hour is None:
+        return f"{cost:,.0f} dev"
+    return f"{cost:,.2f}/h"
+
+
 def print_plan(result: PlanResult, console: Any) -> None:
     """Print ``result`` as tables on a rich ``console``."""
     from rich import box
@@ -48,13 +55,14 @@ def print_plan(result: PlanResult, console: Any) -> None:
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        padding=0,
+        padding=(0, 1, 0, 0),
     )
     columns = [
         "run",
-        "TP",
+        "configuration",
         "repl",
         "dev",
+        "cost",
         "sim s",
         "TTFT\np50 ms",
         "TTFT\np99 ms",
@@ -64,22 +72,26 @@ def print_plan(result: PlanResult, console: Any) -> None:
         "tok/s",
     ]
     for name in columns:
-        table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("run", "configuration") else "right", no_wrap=True)
     table.add_column("met", overflow="fold", min_width=12)
-    table.caption = "repl: replicas; dev: devices (replicas x TP); sim s: simulated seconds of arrivals"
+    table.caption = (
+        "repl: replicas; dev: devices (replicas x TP); cost: per hour"
+        + (" (devices: no price known)" if result.price_per_hour is None else "")
+        + "; sim s: simulated seconds of arrivals; chunk: max_num_batched_tokens; seqs: max_num_seqs"
+    )
     table.caption_justify = "left"
     rec = result.recommendation
     for t in result.tried:
-        run = t.phase
         met = "yes" if t.met else "no: " + "; ".join(t.failures)
         if t.rate_scale != 1.0:
             met += f" (unloaded: {t.rate_scale:.2g}x the rate)"
         style = "bold green" if t is rec else None
         table.add_row(
-            run,
-            str(t.tensor_parallel),
+            t.phase,
+            t.label,
             str(t.replicas),
             str(t.devices),
+            _money(result, t.cost_per_hour),
             f"{t.duration_s:,.0f}",
             _num(t.ttft_p50 * 1000),
             _num(t.ttft_p99 * 1000),
@@ -94,20 +106,59 @@ def print_plan(result: PlanResult, console: Any) -> None:
         console.print(table)
     else:
         console.print(table.title, "\n(nothing simulated)", highlight=False)
+    if result.rejected:
+        why = Table(title="Set aside, and why", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        why.add_column("change")
+        why.add_column("repl", justify="right")
+        why.add_column("reason", overflow="fold")
+        for r in result.rejected:
+            why.add_row(r.change, str(r.replicas) if r.replicas else "-", r.reason)
+        console.print(why)
+    if result.frontier:
+        front = Table(
+            title=f"Cost frontier (search trials, {result.search_duration_s:,.0f} simulated s): "
+            "none cheaper is also faster at p99",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
+        for name in ("cost", "dev", "configuration", "repl", "TTFT p99", "ITL p99", "met"):
+            front.add_column(
+                name, justify="left" if name == "configuration" else "right", no_wrap=name != "met"
+            )
+        for t in result.frontier:
+            front.add_row(
+                _money(result, t.cost_per_hour),
+                str(t.devices),
+                t.label,
+                str(t.replicas),
+                secs(t.ttft_p99),
+                secs(t.itl_p99),
+                "yes" if t.met else "no",
+            )
+        console.print(front)
     if rec is not None:
+        price = "" if result.price_per_hour is None else f" ({_money(result, rec.cost_per_hour)})"
         console.print(
             f"[bold]Recommendation:[/] {rec.replicas} replica{'s' if rec.replicas != 1 else ''} x TP "
-            f"{rec.tensor_parallel} = [bold]{rec.devices} x {result.hardware}[/] — TTFT p99 "
-            f"{secs(rec.ttft_p99)}, ITL p99 {secs(rec.itl_p99)}"
+            f"{rec.tensor_parallel} = [bold]{rec.devices} x {result.hardware}[/]{price}, "
+            f"{rec.label} — TTFT p99 {secs(rec.ttft_p99)}, ITL p99 {secs(rec.itl_p99)}"
             + ("" if rec.goodput is None else f", goodput {rec.goodput:.1%}")
-            + f" over {rec.duration_s:,.0f} simulated seconds",
+            + f" over {rec.duration_s:,.0f} simulated seconds (seed {rec.seed})",
             highlight=False,
         )
+        if result.quality is not None:
+            console.print(f"  [yellow]quality:[/] {result.quality}", highlight=False)
+            if result.native is not None:
+                console.print(
+                    f"  at the model's own precision: {result.native.replicas} x {result.native.label} "
+                    f"= {result.native.devices} devices ({_money(result, result.native.cost_per_hour)}, "
+                    f"search trial)",
+                    highlight=False,
+                )
     else:
         console.print(
-            "[bold red]No configuration meets the SLO[/] "
-            f"(TP {', '.join(map(str, result.tensor_parallel_sizes))}, "
-            f"up to {result.max_replicas} replicas).",
+            f"[bold red]No configuration meets the SLO[/] (up to {result.max_replicas} replicas).",
             highlight=False,
         )
     for note in result.notes:

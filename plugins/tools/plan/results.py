@@ -11,7 +11,7 @@ from typing import Any
 from shuniu.backends.sim import KVReport
 from shuniu.core.errors import ConfigError, Problem
 
-__all__ = ["PlanError", "PlanReporter", "PlanResult", "Trial"]
+__all__ = ["PlanError", "PlanReporter", "PlanResult", "Rejection", "Trial"]
 
 
 class PlanError(ConfigError):
@@ -52,6 +52,16 @@ class Trial:
     failures: list[str] = field(default_factory=list)
     """Why it does not meet the SLO (empty when it does)."""
     wall_s: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+    """The engine configuration (:class:`~shuniu.plugins.tools.plan.shapes.Shape` as a dict)."""
+    label: str = ""
+    """The configuration, briefly (``TP 8 bf16/kv bf16 chunk 256 ...``)."""
+    cost_per_hour: float = 0.0
+    """Replicas x TP x the price of a device-hour (the device count when no price is known)."""
+    seed: int = 0
+    """Seed of the workload sample it ran."""
+    worst: float = 0.0
+    """The largest ratio of a p99 to its target (above 1: missed)."""
 
     @property
     def devices(self) -> int:
@@ -59,6 +69,23 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "devices": self.devices}
+
+
+@dataclass
+class Rejection:
+    """A configuration the plan set aside, and why."""
+
+    label: str
+    """The configuration, briefly."""
+    change: str
+    """What differs from the configuration it was compared with (``chunk 2048``)."""
+    replicas: int
+    """Replicas it was tried (or would have needed) at; 0 when never simulated."""
+    reason: str
+    """Which target it missed and by how much, or why it was not simulated."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -89,6 +116,19 @@ class PlanResult:
     max_num_seqs: int
     notes: list[str]
     wall_s: float = 0.0
+    price_per_hour: float | None = None
+    """Price of one device-hour (``None``: unknown; costs are device counts)."""
+    rejected: list[Rejection] = field(default_factory=list)
+    """Configurations set aside, with the reason, in the order they were tried."""
+    frontier: list[Trial] = field(default_factory=list)
+    """Search trials no other beats on cost, p99 TTFT and p99 ITL together, cheapest first."""
+    quality: str | None = None
+    """The quality cost of the recommendation's precision (``None``: the model's own)."""
+    native: Trial | None = None
+    """The cheapest search trial at the model's own precision meeting the SLO, when the
+    recommendation is quantized."""
+    warmup_s: float = 0.0
+    """Seconds the workload's load grows before it settles (trials run past it)."""
 
     @property
     def met(self) -> bool:
@@ -113,12 +153,17 @@ class PlanResult:
             "max_replicas": self.max_replicas,
             "tensor_parallel_sizes": self.tensor_parallel_sizes,
             "met": self.met,
+            "price_per_hour": self.price_per_hour,
+            "warmup_s": self.warmup_s,
+            "quality": self.quality,
             "recommendation": None
             if rec is None
             else {
                 "tensor_parallel_size": rec.tensor_parallel,
                 "replicas": rec.replicas,
                 "devices": rec.devices,
+                "config": rec.config,
+                "cost_per_hour": rec.cost_per_hour,
                 **{
                     k: getattr(rec, k)
                     for k in (
@@ -133,6 +178,9 @@ class PlanResult:
                 },
             },
             "tried": [t.to_dict() for t in self.tried],
+            "rejected": [r.to_dict() for r in self.rejected],
+            "frontier": [t.to_dict() for t in self.frontier],
+            "native": None if self.native is None else self.native.to_dict(),
             "kv": {
                 **dataclasses.asdict(self.kv),
                 "kv_room_seqs": self.kv_room_seqs,
@@ -147,8 +195,9 @@ class PlanReporter:
     """Hooks :func:`plan` calls while it works (the command draws a progress bar with them).
     Every method is optional to override."""
 
-    def trial_started(self, phase: str, tp: int, replicas: int, horizon: float) -> None:
-        """A simulation of ``replicas`` x TP ``tp`` over ``horizon`` simulated seconds starts."""
+    def trial_started(self, phase: str, label: str, replicas: int, horizon: float) -> None:
+        """A simulation of ``replicas`` of configuration ``label`` over ``horizon`` simulated
+        seconds starts."""
 
     def advance(self, now: float, requests: int) -> None:
         """The running simulation reached ``now`` simulated seconds after ``requests`` arrivals."""
