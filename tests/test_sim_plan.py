@@ -320,8 +320,8 @@ def _planner(workload):  # type: ignore[no-untyped-def]
     from shuniu.backends.sim.profiles import load_hardware, load_model
     from shuniu.core.plugin_manager import load_plugins
     from shuniu.core.traffic import describe
-    from shuniu.plugins.tools.plan.planner import Planner
     from shuniu.plugins.tools.plan.results import PlanReporter
+    from shuniu.plugins.tools.plan.search import Planner
     from shuniu.plugins.tools.plan.shapes import Space
 
     model, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")

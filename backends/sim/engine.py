@@ -1,5 +1,10 @@
 """The simulated engine: vLLM-style continuous batching over a paged, prefix-cached KV cache.
 
+Why this file is long: the engine core (scheduling, KV bookkeeping, committing iterations) and
+its driver share the sequence and batch state and their hot loops, and the decode leaps are
+half in each (the core plans and commits them, the driver times, cuts and syncs them); split,
+every hot loop would reach across modules for the same private state.
+
 :class:`EngineCore` is synchronous and knows nothing about time: :meth:`EngineCore.schedule`
 plans one iteration (which sequences run, how many tokens each), a cost model turns the plan
 into a duration, and :meth:`EngineCore.apply` commits it at the time it ends. Like vLLM's

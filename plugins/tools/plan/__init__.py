@@ -1,7 +1,8 @@
 """``shuniu plan``: the cheapest pool of a model on some hardware that meets a workload's SLO,
 found by simulating candidate deployments in virtual time.
 
-``planner`` holds the search (:func:`plan`, described there) and its defaults; ``shapes`` the
+``planner`` holds the entry point (:func:`plan`) and its defaults, ``search`` the search
+(:class:`~shuniu.plugins.tools.plan.search.Planner`, described there); ``shapes`` the
 engine configurations it chooses between (tensor-parallel sizes from ``candidates``,
 precisions, chunk, ``max_num_seqs``, prefix caching, balancer); ``estimates`` the roofline
 guess it starts a count from; ``steady`` how long a workload warms up; each trial simulates

@@ -12,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from shuniu.backends.sim import HardwareProfile, ModelProfile, load_model
-from shuniu.backends.sim.costmodel import CostModel
+from shuniu.backends.sim import CostModel, HardwareProfile, ModelProfile, load_model
 from shuniu.core.errors import Problem
 from shuniu.plugins.tools.plan.candidates import tp_candidates
 from shuniu.plugins.tools.plan.results import PlanError
