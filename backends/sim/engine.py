@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
-import math
 import random
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from shuniu.backends.sim.costmodel import jitter_factor
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
 from shuniu.core.kv_events.wire import BlockRemoved, BlockStored, EventBatch, KvEvent
@@ -756,8 +756,7 @@ class SimEngine:
         n-th iteration run gets the n-th draw however iterations were grouped."""
         if self._jitter:
             return self._jitter.popleft()
-        sigma = self.jitter_sigma
-        return math.exp(self.rng.gauss(-0.5 * sigma * sigma, sigma))  # costmodel.jitter_factor
+        return jitter_factor(self.rng, self.jitter_sigma)
 
     def _sync(self) -> None:
         """Commit the iterations of the current leap that have ended by now."""
@@ -864,9 +863,7 @@ class SimEngine:
             self.timers += 1
             await asyncio.sleep(dt)
             core.apply(batch, loop.time())
-            if core.kv_events and self.kv_publisher is not None:
-                self.kv_publisher(EventBatch(loop.time(), core.kv_events, 0))
-                core.kv_events = []
+            self._publish()
 
     async def stop(self) -> None:
         task, self._task = self._task, None
