@@ -203,8 +203,8 @@ def connect_redis(
     opened before the first command."""
     target = parse_redis_url(url)
     aioredis = require("redis.asyncio", "redis", what)
+    from redis.asyncio.retry import Retry  # the asyncio one: redis-py 7 warns about the sync one
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,

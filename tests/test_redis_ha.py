@@ -5,6 +5,7 @@ share rate limits, the response cache and routing state through it."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -312,10 +313,19 @@ def test_a_primary_killed_mid_load_loses_no_request_and_sharing_resumes_on_the_n
         node = setup.primary() if isinstance(setup, RedisSentinels) else setup.client_for(stream)
         before = node.xlen(stream)
         wait_until(lambda: node.xlen(stream) > before + 2, timeout=10)
-        # The outage was said once per store and process, and so was the recovery.
+        # The outage was said once, not once per request, and each recovery once: the lines
+        # alternate. The sentinels may flap while they agree on the new primary (a brief
+        # "no master found" after the first recovery), which is a second, real, outage.
         for gw in gateways:
             text = gw.output_containing("reachable again")
-            assert text.count("rate-limit store unreachable") <= 1
+            said = [
+                "down" if "store unreachable" in line else "up"
+                for line in text.splitlines()
+                if "rate-limit store" in line
+            ]
+            assert said[0] == "down" and said[-1] == "up", said
+            assert all(a != b for a, b in itertools.pairwise(said)), said
+            assert len(said) <= 4, said  # ~100 requests went through the outage
         metrics = httpx.get(f"{gateways[0].url}/metrics", timeout=5).text
         assert 'shuniu_store_degraded{store="rate_limits"} 0.0' in metrics
         assert 'shuniu_store_degraded{store="cache"} 0.0' in metrics
