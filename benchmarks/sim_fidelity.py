@@ -86,6 +86,8 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
+SAVED = HERE / "data" / "vllm-cpu-measurements.json"
+"""The measurements the documented figures come from (``--skip-real`` reads them by default)."""
 console = Console()
 
 # What vLLM 0.32.0's CPU build runs with (server log, /metrics cache_config_info, and
@@ -185,9 +187,14 @@ def machine_peaks(python: Path) -> dict[str, float]:
     code = r"""
 import json, time, torch
 torch.set_num_threads(1)
-def flops(dtype, n=2048, k=4):
-    a = torch.randn(n, n, dtype=dtype); b = torch.randn(n, n, dtype=dtype)
-    for _ in range(2): a @ b
+def flops(dtype, n=256, k=4):
+    # Grow the matrices up to 2048 while one product takes under 50 ms: a CPU without native
+    # BF16 (AVX2 only) multiplies BF16 hundreds of times slower, and 2048^3 would take minutes.
+    while True:
+        a = torch.randn(n, n, dtype=dtype); b = torch.randn(n, n, dtype=dtype)
+        t = time.perf_counter(); a @ b
+        if n >= 2048 or time.perf_counter() - t > 0.05: break
+        n *= 2
     best = 1e9
     for _ in range(k):
         t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t)
@@ -781,9 +788,11 @@ def _profile(
     request_s: float = 0.0,
     host_s: float = 0.0,
     sigma: float = 0.0,
+    token_s: float = 0.0,
 ) -> dict[str, Any]:
-    """A ``cpu-tiny`` profile dict; ``request_s``, ``host_s`` and ``sigma`` are the admission
-    cost, the host roof's per-sequence time and the step jitter (calibration D), 0 elsewhere."""
+    """A ``cpu-tiny`` profile dict; ``request_s``, ``host_s``, ``sigma`` and ``token_s`` are the
+    admission cost, the host roof's per-sequence time, the step jitter (calibration D) and the
+    shared host core's time per token (E), 0 elsewhere."""
     peaks = real["meta"]["peaks"]
     peak_fp32 = max(peaks["fp32_flops"], flops / 0.95)
     extra: dict[str, Any] = {}
@@ -791,6 +800,8 @@ def _profile(
         extra["request_overhead_ms"] = round(request_s * 1e3, 3)
     if host_s:
         extra["host_seq_us"] = round(host_s * 1e6, 2)
+    if token_s:
+        extra["host_token_us"] = round(token_s * 1e6, 2)
     if sigma:
         extra["step_jitter_sigma"] = round(sigma, 3)
     fitted = "iteration_overhead_ms, seq_overhead_us" + "".join(
@@ -852,6 +863,7 @@ def calibrate(
     decode: bool = True,
     host: bool = False,
     jitter: bool = False,
+    shared_host: bool = False,
 ) -> dict[str, Any]:
     """Fit a ``cpu-tiny`` hardware profile to the step observations (:func:`step_points`).
 
@@ -866,7 +878,10 @@ def calibrate(
     sequence (D: the step is ``max(device + S x B, H x B) + O + R x new``), which the Nelder-Mead
     search starts from the decode slope above B=64, where the measured curve bends up;
     ``jitter`` sets the step jitter from :func:`jitter_sigma` (it does not change mean step
-    times, so it is not part of the fit)."""
+    times, so it is not part of the fit); ``shared_host`` (E, instead of ``host``) a sixth
+    unknown c, the shared host core's time per sampled token (``host_token_us``: the step solves
+    T = device + host parts / (1 - c x tokens / T)), started from half the decode slope above
+    B=64."""
     from shuniu.backends.sim.costmodel import CostModel
     from shuniu.backends.sim.profiles import HardwareProfile, load_model
 
@@ -893,14 +908,14 @@ def calibrate(
     ]
     if per_request:
         x0.append(math.log(1e-3))
-    if host:
+    if host or shared_host:
         dec = sorted((p["decode"], p["measured"]) for p in pts if p["kind"] == "decode")
         tail = [(b, y) for b, y in dec if b >= 64] or dec[-2:]
         slope = (tail[-1][1] - tail[0][1]) / max(tail[-1][0] - tail[0][0], 1)
-        x0.append(math.log(max(slope, 1e-6)))
+        x0.append(math.log(max(slope * (0.5 if shared_host else 1.0), 1e-6)))
     lo_bw, hi_bw = math.log(copy_bw), math.log(copy_bw * 20)
     i_r = 4 if per_request else None
-    i_h = (5 if per_request else 4) if host else None
+    i_h = (5 if per_request else 4) if host or shared_host else None
 
     def unpack(x: list[float]) -> tuple[float, float, float, float, float, float]:
         o_, s_, f_, bw_ = (math.exp(v) for v in x[:4])
@@ -913,7 +928,9 @@ def calibrate(
         penalty = 0.0
         if x[3] < lo_bw or x[3] > hi_bw:
             penalty = 10.0 * (min(abs(x[3] - lo_bw), abs(x[3] - hi_bw)) + 1.0)
-        cost = CostModel(model, HardwareProfile.model_validate(_profile(real, o_, s_, f_, bw_, "", r_, h_)))
+        fields = (h_, 0.0, 0.0) if host else (0.0, 0.0, h_)
+        hw = HardwareProfile.model_validate(_profile(real, o_, s_, f_, bw_, "", r_, *fields))
+        cost = CostModel(model, hw)
         return penalty + sum(
             (cost.step_time(p["prefill"], p["attn"], p["decode"], p["kv"], p["new"]) / p["measured"] - 1) ** 2
             for p in pts
@@ -929,15 +946,18 @@ def calibrate(
         how += ", with a per-request term"
     if host:
         how += " and a host roof"
+    if shared_host:
+        how += " and a shared host core"
     sigma = jitter_sigma(real) if jitter else 0.0
-    profile = _profile(real, o, s, f, bw, how, r, h, sigma)
+    profile = _profile(real, o, s, f, bw, how, r, 0.0 if shared_host else h, sigma, h if shared_host else 0.0)
     return {
         "profile": profile,
         "points": pts,
         "rms_relative_error": math.sqrt(loss(best) / len(pts)),
         "how": how,
         "request_overhead_ms": r * 1e3,
-        "host_seq_us": h * 1e6,
+        "host_seq_us": 0.0 if shared_host else h * 1e6,
+        "host_token_us": h * 1e6 if shared_host else 0.0,
         "step_jitter_sigma": sigma,
     }
 
@@ -1495,6 +1515,7 @@ def render(real: dict[str, Any], preds: list[dict[str, Any]], cals: dict[str, di
         "seq_overhead_us",
         "request_overhead_ms",
         "host_seq_us",
+        "host_token_us",
         "step_jitter_sigma",
     ):
         t.add_row(k, *[str(cals[n]["profile"].get(k) or 0) for n in names])
@@ -1556,8 +1577,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--measurements",
         type=Path,
-        default=RESULTS / "sim_fidelity.json",
-        help="JSON to read with --skip-real (a JSON this script wrote)",
+        default=SAVED,
+        help="JSON to read with --skip-real (a JSON this script wrote; default: the committed "
+        "measurements behind benchmarks/README-fidelity.md)",
     )
     parser.add_argument(
         "--hardware",
@@ -1599,6 +1621,7 @@ def main(argv: list[str] | None = None) -> int:
             "B": calibrate(real, mixed=True, decode=False),
             "C": calibrate(real, mixed=False, per_request=True),
             "D": calibrate(real, mixed=False, per_request=True, host=True, jitter=True),
+            "E": calibrate(real, mixed=False, per_request=True, shared_host=True, jitter=True),
         }
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -1606,12 +1629,13 @@ def main(argv: list[str] | None = None) -> int:
             "B": args.profile_out.with_name(args.profile_out.stem + "-steady.yaml"),
             "C": args.profile_out.with_name(args.profile_out.stem + "-per-request.yaml"),
             "D": args.profile_out.with_name(args.profile_out.stem + "-full.yaml"),
+            "E": args.profile_out.with_name(args.profile_out.stem + "-shared-host.yaml"),
         }
         for n, path in paths.items():
             path.write_text(profile_yaml(cals[n]["profile"]))
         console.print(
             f"calibrated profiles written to {paths['A']} (A), {paths['B']} (B), {paths['C']} (C) "
-            f"and {paths['D']} (D)"
+            f", {paths['D']} (D) and {paths['E']} (E)"
         )
         runs = [(n, str(p.resolve())) for n, p in paths.items()]
         if args.hardware:

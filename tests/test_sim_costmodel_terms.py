@@ -156,3 +156,67 @@ def test_cpu_kv_cache_space_overrides_the_gpu_formula() -> None:
     assert kv_cache_tokens(model, hw, gpu_memory_utilization=0.5) == GIB // per_token
     assert kv_cache_tokens(model, load_hardware("cpu-tiny")) == 1_048_576  # VLLM_CPU_KVCACHE_SPACE=1
     assert kv_cache_tokens(model, _hw("cpu")) != GIB // per_token  # the formula without it
+
+
+def test_shared_host_core_solves_its_fixed_point() -> None:
+    base = _cm(host_token_us=0.0, host_seq_us=0.0)
+    shared = _cm(host_token_us=150.0, host_seq_us=0.0)
+    c = 150e-6
+    for b in (1, 8, 64, 128):
+        shape = (0, 0.0, b, b * 232)
+        t0, t = base.step_time(*shape), shared.step_time(*shape)
+        assert t > t0  # streaming steals host time from the iteration's own host work
+        assert t >= b * c  # never faster than the host core can stream the tokens
+        # the fixed point: T = device + host parts / (1 - c n / T), where the host parts are
+        # what the iteration costs beyond its roofline (overheads), the same parts as without
+        bd = base.breakdown(*shape)
+        device = max(bd.compute_s, bd.memory_s)
+        host_parts = t0 - device
+        assert t == pytest.approx(device + host_parts / (1 - b * c / t), rel=1e-9)
+        assert shared.host_share(t, b, 0) == pytest.approx(b * c / t)
+    # a prefill-only iteration samples one token per new request
+    assert shared.step_time(200, 20000.0, 0, 0, 1) > base.step_time(200, 20000.0, 0, 0, 1)
+    assert shared.host_share(0.01, 0, 1) == pytest.approx(c / 0.01)
+    assert base.host_share(0.01, 64, 1) == 0.0
+
+
+def test_front_end_delay_grows_with_the_host_share() -> None:
+    """A request's admission (the sim endpoint's ``ttft_ms``) waits behind the host core's
+    streaming: with 64 sequences decoding it takes ``ttft_ms / (1 - host share)``."""
+
+    def admission(busy: int) -> tuple[float, float]:
+        admitted: dict[str, float] = {}
+
+        class Recording(SimEngine):
+            def _add(self, seq: Seq) -> None:  # where the front-end delay ends
+                admitted[seq.id] = asyncio.get_running_loop().time()
+                super()._add(seq)
+
+        cost = _cm(host_token_us=150.0)
+        engine = Recording(
+            EngineCore(EngineConfig(num_blocks=4096, block_size=16)), cost, admission_delay=0.01
+        )
+        out: list[float] = []
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for i in range(busy):
+                engine.submit(Seq(str(i), synthetic_ids(i + 1, 50), 500, output_seed=i, arrival=loop.time()))
+            await asyncio.sleep(0.5)  # virtual time: the batch is decoding
+            share = engine.host_share
+            probe = Seq("probe", synthetic_ids(999, 50), 2, output_seed=0, arrival=loop.time())
+            probe.done = loop.create_future()
+            start = loop.time()
+            engine.submit(probe)
+            await probe.done
+            out.extend([admitted["probe"] - start, share])
+            await engine.stop()
+
+        run_virtual(main())
+        return out[0], out[1]
+
+    idle_delay, idle_share = admission(0)
+    busy_delay, busy_share = admission(64)
+    assert idle_share == 0.0 and idle_delay == pytest.approx(0.01, abs=2e-4)
+    assert 0.2 < busy_share < 0.95
+    assert busy_delay == pytest.approx(0.01 / (1 - busy_share), abs=2e-4)

@@ -33,10 +33,19 @@ Compute precision: FP8 weights use the FP8 peak where the hardware has one, else
 kernels such as FP8 Marlin); INT8/INT4 weight-only quantization computes in BF16 and only reads
 fewer bytes.
 
-The host roof (``host_seq_us``), the admission cost (``request_overhead_ms``) and step jitter
-(``step_jitter_sigma``) are hardware-profile fields that default to 0, so profiles without them
-(every shipped GPU profile) price iterations as before. Jitter is not applied here: the
-:class:`~shuniu.backends.sim.engine.SimEngine` multiplies each iteration by
+The host roof (``host_seq_us``), the admission cost (``request_overhead_ms``), the shared host
+core (``host_token_us``) and step jitter (``step_jitter_sigma``) are hardware-profile fields
+that default to 0, so profiles without them (every shipped GPU profile) price iterations as
+before.
+
+**The shared host core.** With ``host_token_us`` = c, streaming the iteration's n sampled tokens
+(decoding sequences + new requests) keeps the host core busy for c x n, a share c n / T of an
+iteration of T seconds, and the host-side parts h (iteration overhead, per-sequence and
+admission costs) run on what is left: T = d + h / (1 - c n / T), with d the device path (the
+roofline and all-reduces). That is the quadratic T^2 - (d + h + c n) T + d c n = 0, whose larger
+root is taken; it is d + h when c = 0 and approaches c n, the core's own limit, at large n.
+
+Jitter is not applied here: the :class:`~shuniu.backends.sim.engine.SimEngine` multiplies each iteration by
 :func:`jitter_factor`, drawn from its own seeded random stream, when :attr:`CostModel.jitter_sigma`
 is set.
 
@@ -115,6 +124,7 @@ class CostModel:
         "_request",
         "compute_precision",
         "hardware",
+        "host_token",
         "jitter_sigma",
         "model",
         "tp",
@@ -157,6 +167,8 @@ class CostModel:
         self._c_seq = hardware.seq_overhead_us * 1e-6
         self._host_seq = hardware.host_seq_us * 1e-6
         self._request = hardware.request_overhead_ms * 1e-3
+        self.host_token = hardware.host_token_us * 1e-6
+        """Host-core seconds per sampled token (0: no shared host core)."""
         self.jitter_sigma = hardware.step_jitter_sigma
         """Log-space sigma of the multiplicative step jitter the engine applies (0: none)."""
         if tp > 1:
@@ -199,11 +211,32 @@ class CostModel:
         memory = self._m_fixed + kv * self._m_kv
         if compute > memory:
             memory = compute
+        if self.host_token:
+            return self._shared_host(memory, decode_seqs, new_seqs, tokens)
         busy = memory + decode_seqs * self._c_seq
         host = decode_seqs * self._host_seq
         if host > busy:
             busy = host
         return busy + self._fixed + tokens * self._c_comm + new_seqs * self._request
+
+    def _shared_host(self, device: float, decode_seqs: int, new_seqs: int, tokens: int) -> float:
+        """The iteration's time with a shared host core (the module docstring's quadratic);
+        the host roof, when the profile also has one, still bounds the device path."""
+        host_roof = decode_seqs * self._host_seq
+        if host_roof > device:
+            device = host_roof
+        d = device + self._fixed_comm + tokens * self._c_comm
+        h = self._fixed - self._fixed_comm + decode_seqs * self._c_seq + new_seqs * self._request
+        cn = (decode_seqs + new_seqs) * self.host_token
+        s = d + h + cn
+        return 0.5 * (s + math.sqrt(s * s - 4.0 * d * cn))
+
+    def host_share(self, step: float, decode_seqs: int, new_seqs: int) -> float:
+        """The share of the host core an iteration of ``step`` seconds spends streaming its
+        sampled tokens (0 without ``host_token_us``)."""
+        if step <= 0.0:
+            return 0.0
+        return (decode_seqs + new_seqs) * self.host_token / step
 
     def breakdown(
         self,
@@ -229,7 +262,7 @@ class CostModel:
         request = new_seqs * self._request
         overhead = self._fixed - self._fixed_comm + seq + request
         comm = self._fixed_comm + tokens * self._c_comm
-        total = max(max(compute, memory) + seq, host) + self._fixed - self._fixed_comm + comm + request
+        total = self.step_time(prefill_tokens, prefill_attn, decode_seqs, decode_kv_tokens, new_seqs)
         return StepBreakdown(compute, memory, overhead, comm, total, host, request, seq)
 
     def prefill_time(self, tokens: int, context: int = 0) -> float:

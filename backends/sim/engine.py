@@ -665,6 +665,9 @@ def _wake(seq: Seq, finished: bool) -> None:
         seq.done.set_result(None)
 
 
+_MAX_HOST_SHARE = 0.95  # a saturated host core still admits, 20x slower
+
+
 class SimEngine:
     """Runs an :class:`EngineCore` on the current event loop, one timer per iteration."""
 
@@ -678,6 +681,11 @@ class SimEngine:
         self.admission_delay = admission_delay
         self.rng = random.Random(seed)
         self.jitter_sigma = float(getattr(cost, "jitter_sigma", 0.0) or 0.0)
+        self._host_token = float(getattr(cost, "host_token", 0.0) or 0.0)
+        self.host_share = 0.0
+        """The share of a shared host core (``host_token_us``) the last iteration spent
+        streaming tokens; the front-end delay of a new request is stretched by
+        ``1 / (1 - host_share)``, as its intake queues behind that work. 0 while idle."""
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.Future[None] | None = None
         self._delayed: set[Seq] = set()
@@ -710,7 +718,10 @@ class SimEngine:
             )
         if self.admission_delay > 0:
             self._delayed.add(seq)
-            loop.call_later(self.admission_delay, self._add, seq)
+            delay = self.admission_delay
+            if self.host_share:
+                delay /= 1.0 - min(self.host_share, _MAX_HOST_SHARE)
+            loop.call_later(delay, self._add, seq)
         else:
             self._add(seq)
         if self._task is None:
@@ -839,6 +850,7 @@ class SimEngine:
         while True:
             batch = core.schedule()
             if batch is None:
+                self.host_share = 0.0
                 self._idle = loop.create_future()
                 await self._idle
                 self._idle = None
@@ -850,6 +862,8 @@ class SimEngine:
                 batch.decode_kv_tokens,
                 batch.new_seqs,
             )
+            if self._host_token:
+                self.host_share = cost.host_share(dt, batch.decode_seqs, batch.new_seqs)  # type: ignore[attr-defined]
             factor = 1.0
             if sigma:
                 factor = self._draw()

@@ -175,6 +175,16 @@ class HardwareProfile(_Strict):
     device time is the roofline plus ``seq_overhead_us`` per decoding sequence. Models a host
     core (scheduler, detokenizer, streaming) that works in parallel with the device and binds
     only at large batches, which makes the step convex in the batch. Default 0: no host roof."""
+    host_token_us: float = Field(0.0, ge=0)
+    """Host-core time per sampled token: the serving front end's output path (the engine
+    core's output processing, detokenizing, streaming the chunk) on the core it shares with
+    the scheduler. That work takes a share ``rho = host_token_us x tokens sampled / iteration
+    time`` of the core, and the iteration's host-side parts (``iteration_overhead_ms``,
+    ``seq_overhead_us`` per decoding sequence, ``request_overhead_ms`` per new request) run on
+    the rest, stretched by ``1 / (1 - rho)``; the iteration time is the fixed point, solved
+    exactly. Iterations that stream more tokens per second take longer, and the front-end
+    delay (the ``sim`` endpoint's ``ttft_ms``) grows with the token rate, as the engine's
+    ``host_share`` reports it. Default 0: no shared host core."""
     step_jitter_sigma: float = Field(0.0, ge=0, le=2)
     """Multiplicative jitter of iteration times: each iteration's time is multiplied by a
     lognormal factor with this log-space sigma and mean 1 (so mean throughput is kept), drawn

@@ -1,0 +1,116 @@
+"""The simulator against a real vLLM, from the measurements committed in
+``benchmarks/data/vllm-cpu-measurements.json`` (vLLM's CPU build serving the tiny Llama, taken by
+``benchmarks/sim_fidelity.py``; ``benchmarks/README-fidelity.md`` has the tables).
+
+Calibration E (isolated prefill and decode steps, an admission cost and a shared host core,
+jitter from the decode gaps) is fitted here as the script fits it, and each open-loop level is
+replayed through ``simulate`` on the real run's own arrival times. Nothing is fitted to the
+levels, so a change to the engine, the cost model or the gateway path that moves TTFT or ITL
+away from what vLLM did fails here. The bounds are the issue's aim (15 %) for every figure the
+model reaches; TTFT p99 at 50 % and 80 % load is under-predicted by 15-18 % (the front end's
+delay varies under load more than the model's), so it has a looser bound that still catches a
+regression."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from shuniu.core.config.loader import load_deployment
+from shuniu.core.plugin_manager import load_plugins
+from shuniu.core.traffic import load_workload
+from shuniu.plugins.tools.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+SAVED = ROOT / "benchmarks" / "data" / "vllm-cpu-measurements.json"
+AIM = 0.15
+LOOSE = {("ttft_p99", 0.5): 0.25, ("ttft_p99", 0.8): 0.25}  # the open gap (module docstring)
+
+
+def _script() -> ModuleType:
+    """``benchmarks/sim_fidelity.py`` as a module (registered, as its dataclasses need)."""
+    if "sim_fidelity" in sys.modules:
+        return sys.modules["sim_fidelity"]
+    path = ROOT / "benchmarks" / "sim_fidelity.py"
+    sys.path.insert(0, str(path.parent))  # it imports its neighbour harness.py
+    try:
+        spec = importlib.util.spec_from_file_location("sim_fidelity", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sim_fidelity"] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, dict[str, Any], Path, float]:
+    sf = _script()
+    real = json.loads(SAVED.read_text())["measured"]
+    cal = sf.calibrate(real, mixed=False, per_request=True, shared_host=True, jitter=True)
+    out = tmp_path_factory.mktemp("fidelity")
+    profile = out / "cpu-tiny-shared-host.yaml"
+    profile.write_text(sf.profile_yaml(cal["profile"]))
+    return sf, real, profile, sf.front_end_delay(real)
+
+
+def test_calibration_e_fits_the_isolated_steps(
+    fitted: tuple[ModuleType, dict[str, Any], Path, float],
+) -> None:
+    sf, real, _, _ = fitted
+    cal = sf.calibrate(real, mixed=False, per_request=True, shared_host=True, jitter=True)
+    assert cal["rms_relative_error"] < 0.05
+    assert cal["host_token_us"] > 0  # the host core is part of what the fit found
+
+
+@pytest.mark.parametrize("level", [0.2, 0.5, 0.8])
+def test_open_loop_levels_match_the_real_vllm(
+    level: float, fitted: tuple[ModuleType, dict[str, Any], Path, float], tmp_path: Path
+) -> None:
+    sf, real, profile, delay = fitted
+    lv = next(x for x in real["levels"] if x["level"] == level)
+    settings = real["meta"]["settings"]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "arrival": a,
+                    "prompt_tokens": settings["prompt_tokens"],
+                    "output_tokens": settings["output_tokens"],
+                    "api": "completions",
+                }
+            )
+            + "\n"
+            for a in lv["arrivals"]
+        )
+    )
+    wl = tmp_path / "trace.yaml"
+    wl.write_text(
+        f"name: t\nduration_s: {lv['arrivals'][-1] + 1.0:.3f}\nstreams:\n"
+        f"  - name: trace\n    type: trace\n    path: {trace.name}\n"
+    )
+    text = sf.DEPLOYMENT.format(
+        name=sf.SERVED_NAME,
+        hardware=json.dumps(str(profile)),
+        model=sf.MODEL_PROFILE,
+        ttft_ms=delay * 1e3,
+        **sf.ENGINE,
+    )
+    plugins = load_plugins()
+    result = simulate(load_deployment(None, plugins, text=text), plugins, load_workload(wl), seed=0).summary()
+    assert result["requests_completed"] == len(lv["arrivals"])
+    for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
+        error = (result[key] - lv[key]) / lv[key]
+        bound = LOOSE.get((key, level), AIM)
+        assert abs(error) <= bound, (
+            f"{key} at {level:.0%}: simulated {result[key] * 1e3:.2f} ms, "
+            f"real {lv[key] * 1e3:.2f} ms ({error:+.1%})"
+        )
