@@ -202,7 +202,7 @@ def test_front_end_delay_grows_with_the_host_share() -> None:
             loop = asyncio.get_running_loop()
             for i in range(busy):
                 engine.submit(Seq(str(i), synthetic_ids(i + 1, 50), 500, output_seed=i, arrival=loop.time()))
-            await asyncio.sleep(0.5)  # virtual time: the batch is decoding
+            await asyncio.sleep(2.0)  # virtual time: all admitted, the batch is decoding
             share = engine.host_share
             probe = Seq("probe", synthetic_ids(999, 50), 2, output_seed=0, arrival=loop.time())
             probe.done = loop.create_future()
@@ -220,3 +220,39 @@ def test_front_end_delay_grows_with_the_host_share() -> None:
     assert idle_share == 0.0 and idle_delay == pytest.approx(0.01, abs=2e-4)
     assert 0.2 < busy_share < 0.95
     assert busy_delay == pytest.approx(0.01 / (1 - busy_share), abs=2e-4)
+
+
+def test_front_end_work_is_served_one_request_at_a_time() -> None:
+    """With a shared host core the front end is one core: three requests arriving together
+    are admitted one front-end delay apart; without one, all after the same delay."""
+
+    def admissions(host_token_us: float) -> list[float]:
+        admitted: list[float] = []
+
+        class Recording(SimEngine):
+            def _add(self, seq: Seq) -> None:
+                admitted.append(asyncio.get_running_loop().time())
+                super()._add(seq)
+
+        cost = _cm(host_token_us=host_token_us)
+        engine = Recording(
+            EngineCore(EngineConfig(num_blocks=4096, block_size=16)), cost, admission_delay=0.01
+        )
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            seqs = [
+                Seq(str(i), synthetic_ids(i + 1, 50), 2, output_seed=i, arrival=loop.time()) for i in range(3)
+            ]
+            for seq in seqs:
+                seq.done = loop.create_future()
+                engine.submit(seq)
+            for seq in seqs:
+                await seq.done
+            await engine.stop()
+
+        run_virtual(main())
+        return admitted
+
+    assert admissions(0.0) == pytest.approx([0.01, 0.01, 0.01])
+    assert admissions(50.0) == pytest.approx([0.01, 0.02, 0.03])

@@ -685,10 +685,12 @@ class SimEngine:
         self.host_share = 0.0
         """The share of a shared host core (``host_token_us``) the last iteration spent
         streaming tokens; the front-end delay of a new request is stretched by
-        ``1 / (1 - host_share)``, as its intake queues behind that work. 0 while idle."""
+        ``1 / (1 - host_share)``, as its intake queues behind that work, and requests'
+        front-end work is served one at a time (one front-end core). 0 while idle."""
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.Future[None] | None = None
         self._delayed: set[Seq] = set()
+        self._front_free = 0.0  # when the front-end core finishes the work queued on it
         self.busy_time = 0.0
         self.kv_publisher: Callable[[EventBatch], None] | None = None
         """Where each step's KV events go (:meth:`publish_kv_events`)."""
@@ -719,8 +721,13 @@ class SimEngine:
         if self.admission_delay > 0:
             self._delayed.add(seq)
             delay = self.admission_delay
-            if self.host_share:
+            if self._host_token:
+                # One front-end core: requests' front-end work is served one at a time, on
+                # what the streaming leaves of the core.
                 delay /= 1.0 - min(self.host_share, _MAX_HOST_SHARE)
+                now = loop.time()
+                self._front_free = max(now, self._front_free) + delay
+                delay = self._front_free - now
             loop.call_later(delay, self._add, seq)
         else:
             self._add(seq)
