@@ -569,6 +569,8 @@ class MachineTicks(NamedTuple):
     total: int
     irq: int
     """irq + softirq (mostly loopback TCP here): part of ``busy``, charged to no process."""
+    steal: int = 0
+    """Time the hypervisor gave this VM's CPUs to others while they wanted to run."""
 
 
 _NO_TICKS = MachineTicks(0, 0, 0)
@@ -578,14 +580,14 @@ def machine_ticks() -> MachineTicks:
     with open("/proc/stat", "rb") as f:
         values = [int(v) for v in f.readline().split()[1:]]
     total = sum(values[:8])
-    return MachineTicks(total - values[3] - values[4], total, values[5] + values[6])
+    return MachineTicks(total - values[3] - values[4], total, values[5] + values[6], values[7])
 
 
 def machine_busy(seconds: float = 1.0) -> float:
     """Fraction of all CPUs busy over the next ``seconds``."""
-    b0, t0, _ = machine_ticks()
+    b0, t0, *_ = machine_ticks()
     time.sleep(seconds)
-    b1, t1, _ = machine_ticks()
+    b1, t1, *_ = machine_ticks()
     return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
@@ -653,6 +655,11 @@ class CpuWindow:
     def machine_busy(self) -> float:
         """Fraction of all CPUs busy over the window."""
         return self.ticks.busy / self.ticks.total if self.ticks.total > 0 else 0.0
+
+    @property
+    def steal(self) -> float:
+        """Fraction of all CPUs' time stolen by the hypervisor over the window."""
+        return self.ticks.steal / self.ticks.total if self.ticks.total > 0 else 0.0
 
 
 # -- percentiles and summaries -----------------------------------------------------------

@@ -4,7 +4,7 @@ simulated figure, the published one and the error.
 
 Usage::
 
-    .venv/bin/python benchmarks/profile_check.py             # every case, ~5 minutes on 2 cores
+    .venv/bin/python benchmarks/profile_check.py             # every case, ~6 minutes on 2 cores
     .venv/bin/python benchmarks/profile_check.py --only h200
 
 Sources (read, not copied; figures as published):
@@ -17,11 +17,32 @@ Sources (read, not copied; figures as published):
 - vllm-ascend issue #776 (v0.7.3 on an Atlas A2 910B): Qwen2.5-7B, TP 1, ShareGPT at 1
   request/s: mean TTFT 97.9 ms and TPOT 36.5 ms. ShareGPT is approximated here by
   log-normal lengths of its published means (about 220 prompt and 200 output tokens).
+- vllm-ascend ``docs/source/developer_guide/performance/performance_benchmark.md`` (the
+  sample output, written with vllm-ascend v0.8.4rc2 in April 2025, PR #635; dummy weights):
+  Llama-3.1-8B-Instruct, TP 1, 200 ShareGPT prompts at 1, 4 and 16 requests/s: mean TTFT
+  104.1 / 115.6 / 128.5 ms, TPOT 38.8 / 51.5 / 83.6 ms. NPU variant not stated.
+- vllm-ascend PR #4526 (Dec 2025, vLLM v0.12.0, aclgraph, the baseline rows): Qwen3-32B on
+  910B3, TP 8, one client: TPOT 16.75 ms. The input length is not given; the output is
+  about 512 tokens (from its throughput); simulated as 512 in / 512 out.
+- vllm-ascend PR #6323 (v0.13.0rc1 image, ``tutorials/suffix_speculative_decoding.md``, the
+  runs without speculation): Qwen3-32B on "Atlas 800T A2", TP 4, ShareGPT (mean 666 in / 231
+  out) with one client: TPOT 54.1 ms.
+- GPUStack performance lab (``docs/performance-lab/qwen3-8b/910b.md`` and ``h100-latency.md``,
+  ShareGPT, 100 prompts, defaults): Qwen3-8B on one 910B with vllm-ascend 0.9.1, 4 clients:
+  TTFT 145.9 ms, TPOT 47.3 ms; on one H100 SXM with vLLM 0.11.0, 1 and 4 clients: TTFT
+  59.0 / 64.0 ms, TPOT 7.28 / 7.38 ms.
+
+Closed-loop cases (a number of clients, each sending its next request when the last one
+ends, as ``--max-concurrency`` runs) drive one simulated engine directly with ShareGPT-like
+lengths drawn from a seeded stream; open-loop and burst cases go through ``shuniu simulate``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import random
 import textwrap
 from dataclasses import dataclass
 
@@ -32,6 +53,11 @@ from shuniu.plugins.tools.simulate import simulate
 
 TRT = "TensorRT-LLM perf-overview v0.17"
 ASCEND = "vllm-ascend #776 (v0.7.3)"
+ASCEND_GUIDE = "vllm-ascend benchmark guide (v0.8.4rc2)"
+ASCEND_4526 = "vllm-ascend #4526 (v0.12, aclgraph)"
+ASCEND_6323 = "vllm-ascend #6323 (v0.13.0rc1)"
+GPUSTACK_910B = "GPUStack lab (vllm-ascend 0.9.1)"
+GPUSTACK_H100 = "GPUStack lab (vLLM 0.11.0)"
 
 
 @dataclass
@@ -46,12 +72,17 @@ class Case:
     input_tokens: int = 0
     output_tokens: int = 0
     rate: float = 0.0
-    """Requests/s of an open-loop case (0: a saturating burst)."""
+    """Requests/s of an open-loop case (0: a saturating burst, or a closed loop)."""
+    clients: int = 0
+    """Clients of a closed-loop case (0: not one)."""
+    sharegpt: tuple[float, float] = (220.0, 200.0)
+    """Mean prompt and output lengths of ShareGPT-like requests (log-normal, sigma 0.9)."""
 
     @property
     def name(self) -> str:
         shape = f"{self.input_tokens}/{self.output_tokens}" if self.input_tokens else "ShareGPT"
-        return f"{self.model} TP{self.tp} on {self.hardware}, {shape}"
+        load = f", {self.rate:g} req/s" if self.rate else f", c={self.clients}" if self.clients else ""
+        return f"{self.model} TP{self.tp} on {self.hardware}, {shape}{load}"
 
 
 CASES = [
@@ -80,10 +111,78 @@ CASES = [
     Case("h200", "llama-3.1-70b@fp8,kv=fp8", 4, "throughput", 8911, TRT, 1000, 1000),
     Case("ascend-910b", "qwen2.5-7b", 1, "ttft_mean", 0.0979, ASCEND, rate=1.0),
     Case("ascend-910b", "qwen2.5-7b", 1, "tpot_mean", 0.0365, ASCEND, rate=1.0),
+    *(
+        Case("ascend-910b", "llama-3.1-8b", 1, metric, value, ASCEND_GUIDE, rate=rate)
+        for rate, ttft, tpot in ((1.0, 0.1041, 0.0388), (4.0, 0.1156, 0.0515), (16.0, 0.1285, 0.0836))
+        for metric, value in (("ttft_mean", ttft), ("tpot_mean", tpot))
+    ),
+    Case("ascend-910b", "qwen3-32b", 8, "tpot_mean", 0.01675, ASCEND_4526, 512, 512, clients=1),
+    Case("ascend-910b", "qwen3-32b", 4, "tpot_mean", 0.0541, ASCEND_6323, clients=1, sharegpt=(666.0, 231.0)),
+    Case("ascend-910b", "qwen3-8b", 1, "ttft_mean", 0.1459, GPUSTACK_910B, clients=4),
+    Case("ascend-910b", "qwen3-8b", 1, "tpot_mean", 0.0473, GPUSTACK_910B, clients=4),
+    *(
+        Case("h100-sxm", "qwen3-8b", 1, metric, value, GPUSTACK_H100, clients=clients)
+        for clients, ttft, tpot in ((1, 0.0590, 0.00728), (4, 0.0640, 0.00738))
+        for metric, value in (("ttft_mean", ttft), ("tpot_mean", tpot))
+    ),
 ]
 
 
+def closed_loop(case: Case, requests: int = 100) -> float:
+    """``requests`` requests from ``case.clients`` clients against one simulated engine, in
+    virtual time; the mean TTFT or TPOT (s)."""
+    from shuniu.backends.sim.build import build_engine
+    from shuniu.backends.sim.engine import Seq
+    from shuniu.backends.sim.options import SimOptions
+    from shuniu.core.traffic import synthetic_ids
+    from shuniu.plugins.tools.simulate import run_virtual
+
+    options = SimOptions(
+        hardware=case.hardware,
+        model=case.model,
+        tensor_parallel_size=case.tp,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+    )
+    engine = build_engine(options).engine
+    rng = random.Random(0)
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    numbers = itertools.count()
+
+    def length(mean: float, cap: int) -> int:
+        # log-normal with this mean and sigma 0.9 (median = mean / exp(sigma^2 / 2))
+        return max(4, min(cap, round(rng.lognormvariate(0.0, 0.9) * mean / 1.4993)))
+
+    async def client() -> None:
+        loop = asyncio.get_running_loop()
+        while (i := next(numbers)) < requests:
+            if case.input_tokens:
+                prompt, output = case.input_tokens, case.output_tokens
+            else:
+                prompt, output = length(case.sharegpt[0], 4000), length(case.sharegpt[1], 2000)
+            seq = Seq(str(i), synthetic_ids(i + 1, prompt), output, output_seed=i, arrival=loop.time())
+            seq.done = loop.create_future()
+            engine.submit(seq)
+            await seq.done
+            assert seq.first_token_at is not None and seq.finished_at is not None
+            ttfts.append(seq.first_token_at - seq.arrival)
+            if output > 1:
+                tpots.append((seq.finished_at - seq.first_token_at) / (output - 1))
+
+    async def main() -> None:
+        await asyncio.gather(*(client() for _ in range(case.clients)))
+        await engine.stop()
+
+    run_virtual(main())
+    values = ttfts if case.metric == "ttft_mean" else tpots
+    return sum(values) / len(values)
+
+
 def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
+    if case.clients:
+        return closed_loop(case)
     options = (
         f"{{hardware: {case.hardware}, model: '{case.model}', tensor_parallel_size: {case.tp}, "
         "max_num_seqs: 1024, max_num_batched_tokens: 8192, max_model_len: 8192}"

@@ -108,6 +108,7 @@ CLOSED_LOOPS = (8, 32, 64, 128)  # closed-loop concurrencies; the last (max_num_
 REPEATS = 3  # of each batch-size point (the median is used: step times here vary run to run)
 LEVELS = (0.2, 0.5, 0.8)
 AIM = 0.15  # the aim: within 15 % of the real vLLM
+DRIFT = 0.10  # a start-to-end change of the batch-1 decode step above this is warned about
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -144,6 +145,7 @@ def cpu_use(window: CpuWindow) -> dict[str, float]:
         "ours_cores": round(ours, 3),
         "client_cores": round(w.own_cpu_s / wall, 3),
         "other_cores": round(max(machine - ours, 0.0), 3),
+        "steal_cores": round(w.steal * (os.cpu_count() or 1), 3),
     }
 
 
@@ -541,6 +543,21 @@ async def measure(base: str, pgid: int | None, vocab: int, s: Settings) -> dict[
             if summary["errors"]:
                 console.print(f"[yellow]  {summary['errors']} errors: {summary['first_errors']}[/]")
             await asyncio.sleep(2.0)
+
+        # Drift: the same isolated step again at the end. This VM's speed can change by a
+        # third within minutes (neighbours on the host; steal time shows only part of it), and
+        # a profile fitted to slow isolated steps then mispredicts fast load levels.
+        recs = [await c.stream(16, 256) for _ in range(3)]
+        after = nan_if_none(percentile_of([g for r in recs for g in r.itl], 50))
+        before = out["decode_batch1"]["client_itl_p50"]
+        change = after / before - 1 if before and not math.isnan(after) else float("nan")
+        out["drift"] = {"decode_batch1_before": before, "decode_batch1_after": after, "change": change}
+        if not math.isnan(change) and abs(change) > DRIFT:
+            console.print(
+                f"[yellow]warning: decode at batch 1 took {before * 1e3:.2f} ms at the start and "
+                f"{after * 1e3:.2f} ms at the end ({change:+.0%}): the machine's speed drifted "
+                "during the run; its calibration is unreliable, rerun on a quieter machine[/]"
+            )
     return out
 
 
