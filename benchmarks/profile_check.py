@@ -4,7 +4,7 @@ simulated figure, the published one and the error.
 
 Usage::
 
-    .venv/bin/python benchmarks/profile_check.py             # every case, ~6 minutes on 2 cores
+    .venv/bin/python benchmarks/profile_check.py             # every case, about a minute on 2 cores
     .venv/bin/python benchmarks/profile_check.py --only h200
 
 Sources (read, not copied; figures as published):
@@ -77,6 +77,8 @@ class Case:
     """Clients of a closed-loop case (0: not one)."""
     sharegpt: tuple[float, float] = (220.0, 200.0)
     """Mean prompt and output lengths of ShareGPT-like requests (log-normal, sigma 0.9)."""
+    requests: int = 0
+    """Requests of an open-loop case, as its source sent them (0: 300 s of arrivals)."""
 
     @property
     def name(self) -> str:
@@ -112,14 +114,25 @@ CASES = [
     Case("ascend-910b", "qwen2.5-7b", 1, "ttft_mean", 0.0979, ASCEND, rate=1.0),
     Case("ascend-910b", "qwen2.5-7b", 1, "tpot_mean", 0.0365, ASCEND, rate=1.0),
     *(
-        Case("ascend-910b", "llama-3.1-8b", 1, metric, value, ASCEND_GUIDE, rate=rate)
+        Case(hw, "llama-3.1-8b", 1, metric, value, ASCEND_GUIDE, rate=rate, requests=200)
+        for hw in ("ascend-910b", "ascend-910b-eager")
         for rate, ttft, tpot in ((1.0, 0.1041, 0.0388), (4.0, 0.1156, 0.0515), (16.0, 0.1285, 0.0836))
         for metric, value in (("ttft_mean", ttft), ("tpot_mean", tpot))
     ),
+    *(
+        Case("ascend-910b-eager", "qwen2.5-7b", 1, metric, value, ASCEND, rate=1.0)
+        for metric, value in (("ttft_mean", 0.0979), ("tpot_mean", 0.0365))
+    ),
     Case("ascend-910b", "qwen3-32b", 8, "tpot_mean", 0.01675, ASCEND_4526, 512, 512, clients=1),
-    Case("ascend-910b", "qwen3-32b", 4, "tpot_mean", 0.0541, ASCEND_6323, clients=1, sharegpt=(666.0, 231.0)),
-    Case("ascend-910b", "qwen3-8b", 1, "ttft_mean", 0.1459, GPUSTACK_910B, clients=4),
-    Case("ascend-910b", "qwen3-8b", 1, "tpot_mean", 0.0473, GPUSTACK_910B, clients=4),
+    *(
+        Case(hw, "qwen3-32b", 4, "tpot_mean", 0.0541, ASCEND_6323, clients=1, sharegpt=(666.0, 231.0))
+        for hw in ("ascend-910b", "ascend-910b-eager")
+    ),
+    *(
+        Case(hw, "qwen3-8b", 1, metric, value, GPUSTACK_910B, clients=4)
+        for hw in ("ascend-910b", "ascend-910b-eager")
+        for metric, value in (("ttft_mean", 0.1459), ("tpot_mean", 0.0473))
+    ),
     *(
         Case("h100-sxm", "qwen3-8b", 1, metric, value, GPUSTACK_H100, clients=clients)
         for clients, ttft, tpot in ((1, 0.0590, 0.00728), (4, 0.0640, 0.00738))
@@ -204,7 +217,7 @@ def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
             "input_tokens: {dist: lognormal, mean: 220, sigma: 0.9, min: 4, max: 4000}, "
             "output_tokens: {dist: lognormal, mean: 200, sigma: 0.9, min: 4, max: 2000}}"
         )
-        duration = 300.0
+        duration = case.requests / case.rate if case.requests else 300.0
     else:  # a burst that keeps the engine saturated for the whole run
         lengths = f"input_tokens: {case.input_tokens}, output_tokens: {case.output_tokens}"
         stream = "{arrival: {rate: 1000}, " + lengths + "}"

@@ -15,8 +15,9 @@ __all__ = ["SimOptions"]
 class SimOptions(Options):
     hardware: str | None = None
     """Hardware profile (``h200``, ``h100-sxm``, ``a100-80gb``, ``l40s``, ``rtx-4090``,
-    ``ascend-910b``, ``cpu``, or a path to a profile YAML). With ``model``, iteration times come
-    from the roofline cost model and the KV cache is sized from device memory."""
+    ``ascend-910b``, ``ascend-910b-eager``, ``cpu``, ... or a path to a profile YAML). With
+    ``model``, iteration times come from the roofline cost model and the KV cache is sized
+    from device memory."""
     model: str | None = None
     """Model profile (``qwen2.5-7b``, ``llama-3.1-8b``, ... or a path to a profile YAML)."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
