@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import random
 import textwrap
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ ASCEND_4526 = "vllm-ascend #4526 (v0.12, aclgraph)"
 ASCEND_6323 = "vllm-ascend #6323 (v0.13.0rc1)"
 GPUSTACK_910B = "GPUStack lab (vllm-ascend 0.9.1)"
 GPUSTACK_H100 = "GPUStack lab (vLLM 0.11.0)"
+SHAREGPT_SIGMA = 0.9  # log-space spread of ShareGPT-like lengths
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Case:
     clients: int = 0
     """Clients of a closed-loop case (0: not one)."""
     sharegpt: tuple[float, float] = (220.0, 200.0)
-    """Mean prompt and output lengths of ShareGPT-like requests (log-normal, sigma 0.9)."""
+    """Mean prompt and output lengths of ShareGPT-like requests (log-normal, ``SHAREGPT_SIGMA``)."""
     requests: int = 0
     """Requests of an open-loop case, as its source sent them (0: 300 s of arrivals)."""
 
@@ -165,8 +167,9 @@ def closed_loop(case: Case, requests: int = 100) -> float:
     numbers = itertools.count()
 
     def length(mean: float, cap: int) -> int:
-        # log-normal with this mean and sigma 0.9 (median = mean / exp(sigma^2 / 2))
-        return max(4, min(cap, round(rng.lognormvariate(0.0, 0.9) * mean / 1.4993)))
+        # log-normal with this mean (median = mean / exp(sigma^2 / 2))
+        median = mean / math.exp(SHAREGPT_SIGMA**2 / 2)
+        return max(4, min(cap, round(rng.lognormvariate(0.0, SHAREGPT_SIGMA) * median)))
 
     async def client() -> None:
         loop = asyncio.get_running_loop()
@@ -212,10 +215,12 @@ def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
     )
     resolved = load_deployment(None, plugins, text=text)
     if case.rate:  # open loop, ShareGPT-like lengths
+        prompt, output = case.sharegpt
+        spread = f"sigma: {SHAREGPT_SIGMA}, min: 4"
         stream = (
             f"{{arrival: {{rate: {case.rate}}}, "
-            "input_tokens: {dist: lognormal, mean: 220, sigma: 0.9, min: 4, max: 4000}, "
-            "output_tokens: {dist: lognormal, mean: 200, sigma: 0.9, min: 4, max: 2000}}"
+            f"input_tokens: {{dist: lognormal, mean: {prompt:g}, {spread}, max: 4000}}, "
+            f"output_tokens: {{dist: lognormal, mean: {output:g}, {spread}, max: 2000}}}}"
         )
         duration = case.requests / case.rate if case.requests else 300.0
     else:  # a burst that keeps the engine saturated for the whole run

@@ -934,6 +934,10 @@ def calibrate(
     i_r = 4 if per_request else None
     i_h = (5 if per_request else 4) if host or shared_host else None
 
+    def host_term(h_: float) -> dict[str, float]:
+        """The sixth unknown as a ``_profile`` keyword: a host roof (D) or a shared host core (E)."""
+        return {"token_s": h_} if shared_host else {"host_s": h_}
+
     def unpack(x: list[float]) -> tuple[float, float, float, float, float, float]:
         o_, s_, f_, bw_ = (math.exp(v) for v in x[:4])
         r_ = math.exp(x[i_r]) if i_r is not None else 0.0
@@ -945,8 +949,7 @@ def calibrate(
         penalty = 0.0
         if x[3] < lo_bw or x[3] > hi_bw:
             penalty = 10.0 * (min(abs(x[3] - lo_bw), abs(x[3] - hi_bw)) + 1.0)
-        fields = (h_, 0.0, 0.0) if host else (0.0, 0.0, h_)
-        hw = HardwareProfile.model_validate(_profile(real, o_, s_, f_, bw_, "", r_, *fields))
+        hw = HardwareProfile.model_validate(_profile(real, o_, s_, f_, bw_, "", r_, **host_term(h_)))
         cost = CostModel(model, hw)
         return penalty + sum(
             (cost.step_time(p["prefill"], p["attn"], p["decode"], p["kv"], p["new"]) / p["measured"] - 1) ** 2
@@ -966,7 +969,7 @@ def calibrate(
     if shared_host:
         how += " and a shared host core"
     sigma = jitter_sigma(real) if jitter else 0.0
-    profile = _profile(real, o, s, f, bw, how, r, 0.0 if shared_host else h, sigma, h if shared_host else 0.0)
+    profile = _profile(real, o, s, f, bw, how, r, sigma=sigma, **host_term(h))
     return {
         "profile": profile,
         "points": pts,
@@ -1219,6 +1222,34 @@ def run_simulate(deployment: Path, workload: Path) -> dict[str, Any]:
     return result
 
 
+def deployment_yaml(hardware: str, delay: float) -> str:
+    """The one-replica ``sim`` deployment of the measured engine, with ``hardware`` (a profile
+    name or path) and ``delay`` seconds of front end."""
+    return DEPLOYMENT.format(
+        name=SERVED_NAME, hardware=json.dumps(hardware), model=MODEL_PROFILE, ttft_ms=delay * 1e3, **ENGINE
+    )
+
+
+def write_trace(workdir: Path, tag: str, arrivals: list[float], prompt: int, output: int) -> Path:
+    """A trace workload of the real run's arrival times, all requests ``prompt`` / ``output``
+    tokens (``trace-TAG.jsonl`` and the ``trace-TAG.yaml`` returned)."""
+    trace = workdir / f"trace-{tag}.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"arrival": a, "prompt_tokens": prompt, "output_tokens": output, "api": "completions"})
+            + "\n"
+            for a in arrivals
+        )
+    )
+    workload = workdir / f"trace-{tag}.yaml"
+    last = arrivals[-1] if arrivals else 0.0
+    workload.write_text(
+        f"name: fidelity-trace-{tag}\nduration_s: {last + 1.0:.3f}\n"
+        f"streams:\n  - name: trace\n    type: trace\n    path: {trace.name}\n"
+    )
+    return workload
+
+
 def predict(
     real: dict[str, Any], name: str, hardware: str, delay: float, workdir: Path, request_s: float = 0.0
 ) -> dict[str, Any]:
@@ -1275,36 +1306,13 @@ def predict(
     ]
     pred["saturation"] = pred["closed_loops"][-1]
     dep = workdir / f"deployment-{name}.yaml"
-    dep.write_text(
-        DEPLOYMENT.format(
-            name=SERVED_NAME,
-            hardware=json.dumps(hardware),
-            model=MODEL_PROFILE,
-            ttft_ms=delay * 1e3,
-            **ENGINE,
-        )
-    )
+    dep.write_text(deployment_yaml(hardware, delay))
     p_tokens = real["meta"]["settings"]["prompt_tokens"]
     o_tokens = real["meta"]["settings"]["output_tokens"]
     pred["levels"] = []
     for lv in real["levels"]:
         tag = f"{round(lv['level'] * 100)}"
-        trace = workdir / f"trace-{tag}.jsonl"
-        trace.write_text(
-            "".join(
-                json.dumps(
-                    {"arrival": a, "prompt_tokens": p_tokens, "output_tokens": o_tokens, "api": "completions"}
-                )
-                + "\n"
-                for a in lv["arrivals"]
-            )
-        )
-        wl_trace = workdir / f"trace-{tag}.yaml"
-        last = lv["arrivals"][-1] if lv["arrivals"] else 0.0
-        wl_trace.write_text(
-            f"name: fidelity-trace-{tag}\nduration_s: {last + 1.0:.3f}\n"
-            f"streams:\n  - name: trace\n    type: trace\n    path: {trace.name}\n"
-        )
+        wl_trace = write_trace(workdir, tag, lv["arrivals"], p_tokens, o_tokens)
         wl_poisson = workdir / f"poisson-{tag}.yaml"
         wl_poisson.write_text(
             f"name: fidelity-poisson-{tag}\nduration_s: {lv['duration_s']:g}\nstreams:\n"

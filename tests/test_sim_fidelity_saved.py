@@ -46,60 +46,33 @@ def _script() -> ModuleType:
     return module
 
 
+Fitted = tuple[ModuleType, dict[str, Any], dict[str, Any], Path]
+"""The script module, the measurements, calibration E and the profile YAML it wrote."""
+
+
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, dict[str, Any], Path, float]:
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> Fitted:
     sf = _script()
     real = json.loads(SAVED.read_text())["measured"]
     cal = sf.calibrate(real, mixed=False, per_request=True, shared_host=True, jitter=True)
-    out = tmp_path_factory.mktemp("fidelity")
-    profile = out / "cpu-tiny-shared-host.yaml"
+    profile = tmp_path_factory.mktemp("fidelity") / "cpu-tiny-shared-host.yaml"
     profile.write_text(sf.profile_yaml(cal["profile"]))
-    return sf, real, profile, sf.front_end_delay(real)
+    return sf, real, cal, profile
 
 
-def test_calibration_e_fits_the_isolated_steps(
-    fitted: tuple[ModuleType, dict[str, Any], Path, float],
-) -> None:
-    sf, real, _, _ = fitted
-    cal = sf.calibrate(real, mixed=False, per_request=True, shared_host=True, jitter=True)
+def test_calibration_e_fits_the_isolated_steps(fitted: Fitted) -> None:
+    _, _, cal, _ = fitted
     assert cal["rms_relative_error"] < 0.05
     assert cal["host_token_us"] > 0  # the host core is part of what the fit found
 
 
 @pytest.mark.parametrize("level", [0.2, 0.5, 0.8])
-def test_open_loop_levels_match_the_real_vllm(
-    level: float, fitted: tuple[ModuleType, dict[str, Any], Path, float], tmp_path: Path
-) -> None:
-    sf, real, profile, delay = fitted
+def test_open_loop_levels_match_the_real_vllm(level: float, fitted: Fitted, tmp_path: Path) -> None:
+    sf, real, _, profile = fitted
     lv = next(x for x in real["levels"] if x["level"] == level)
     settings = real["meta"]["settings"]
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "arrival": a,
-                    "prompt_tokens": settings["prompt_tokens"],
-                    "output_tokens": settings["output_tokens"],
-                    "api": "completions",
-                }
-            )
-            + "\n"
-            for a in lv["arrivals"]
-        )
-    )
-    wl = tmp_path / "trace.yaml"
-    wl.write_text(
-        f"name: t\nduration_s: {lv['arrivals'][-1] + 1.0:.3f}\nstreams:\n"
-        f"  - name: trace\n    type: trace\n    path: {trace.name}\n"
-    )
-    text = sf.DEPLOYMENT.format(
-        name=sf.SERVED_NAME,
-        hardware=json.dumps(str(profile)),
-        model=sf.MODEL_PROFILE,
-        ttft_ms=delay * 1e3,
-        **sf.ENGINE,
-    )
+    wl = sf.write_trace(tmp_path, "t", lv["arrivals"], settings["prompt_tokens"], settings["output_tokens"])
+    text = sf.deployment_yaml(str(profile), sf.front_end_delay(real))
     plugins = load_plugins()
     result = simulate(load_deployment(None, plugins, text=text), plugins, load_workload(wl), seed=0).summary()
     assert result["requests_completed"] == len(lv["arrivals"])
