@@ -31,6 +31,7 @@ from typing import Protocol
 from shuniu.backends.sim.costmodel import jitter_factor
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.backends.sim.stats import LogHistogram
+from shuniu.core.blockhash import extend_chain
 from shuniu.core.kv_events.wire import BlockRemoved, BlockStored, EventBatch, KvEvent
 from shuniu.core.tasks import cancel_and_wait
 from shuniu.core.traffic import synthetic_ids
@@ -304,9 +305,9 @@ class EngineCore:
         if end <= p:
             return seq.prompt[start:end]
         if seq.output_ids is None or len(seq.output_ids) < end - p:
-            seq.output_ids = self._ids(
-                seq.output_seed, max(end - p, 2 * (len(seq.output_ids or ()) or 16)), 0
-            )
+            # The whole answer at once (its length is known): the stream is regenerated
+            # from its start on every call, so growing it piecemeal would cost more.
+            seq.output_ids = self._ids(seq.output_seed, max(end - p, seq.max_output), 0)
         outs = seq.output_ids
         if start >= p:
             return outs[start - p : end - p]
@@ -319,17 +320,14 @@ class EngineCore:
         have = len(hashes)
         if have >= full:
             return
-        # The chain starts from the block size, as the gateway's prefix_hashes starts it: a
-        # request that arrives with those hashes (Seq.hashes) is not hashed twice.
+        # The gateway's chain (core.blockhash): a request that arrives with those hashes
+        # (Seq.hashes) is not hashed twice. The prompt's blocks first, sliced straight from
+        # it; the blocks that reach into the output go through _all_tokens.
+        in_prompt = min(full, seq.prompt_len // bs)
+        if have < in_prompt:
+            extend_chain(hashes, seq.prompt, bs, in_prompt)
         h = hashes[-1] if hashes else bs
         append = hashes.append
-        # The prompt's blocks first, sliced straight from it (most of the hashing of a long
-        # multi-turn prompt); the blocks that reach into the output go through _all_tokens.
-        prompt = seq.prompt
-        in_prompt = min(full, seq.prompt_len // bs)
-        for start in range(have * bs, in_prompt * bs, bs):
-            h = hash((h, tuple(prompt[start : start + bs])))
-            append(h)
         for b in range(max(have, in_prompt), full):
             h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
             append(h)

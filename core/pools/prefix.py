@@ -10,8 +10,10 @@ so two prompts share block *i*'s hash only if they share everything up to it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import groupby
 from zlib import adler32, crc32
 
+from shuniu.core.blockhash import extend_chain
 from shuniu.core.types import InferenceRequest
 
 __all__ = ["match_depths", "prefix_hashes"]
@@ -25,12 +27,10 @@ def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) ->
     if req.prefix_hashes is not None and req.prefix_block == block:
         return req.prefix_hashes
     out: list[int] = []
-    h = block  # seed the chain with the block size so different sizes never collide
     if ids is not None:
-        for start in range(0, len(ids) - block + 1, block):
-            h = hash((h, tuple(ids[start : start + block])))
-            out.append(h)
+        extend_chain(out, ids, block, len(ids) // block)
     else:
+        h = block  # seed the chain with the block size so different sizes never collide
         # Text is checksummed, not hash()ed: str hashes differ between processes, and the
         # gateways of a fleet must agree on a block's hash (ints and tuples of ints hash
         # the same everywhere).
@@ -52,11 +52,15 @@ def match_depths(table: Mapping[int, int], hashes: Sequence[int], alive: int) ->
     depth_of: dict[int, int] = {}
     if not hashes or not table:
         return depth_of
+    # Every block looked up at C speed, then walked by runs of equal masks (a shared prefix
+    # is mostly one run): a Python loop per block would cost several times as much.
+    masks = list(map(table.get, hashes))
+    try:
+        del masks[masks.index(None) :]
+    except ValueError:
+        pass
     depth = 0
-    for h in hashes:
-        mask = table.get(h)
-        if mask is None:
-            break
+    for mask, run in groupby(masks):
         still = alive & mask
         if still != alive:
             gone = alive & ~still
@@ -68,7 +72,7 @@ def match_depths(table: Mapping[int, int], hashes: Sequence[int], alive: int) ->
             alive = still
             if not alive:
                 break
-        depth += 1
+        depth += len(list(run))
     if depth:
         while alive:
             bit = alive & -alive

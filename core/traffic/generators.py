@@ -2,14 +2,16 @@
 classes, shared system prompts) and ``chat`` streams (conversations whose turns carry their
 history); ``trace`` streams are replayed by :mod:`shuniu.core.traffic.trace`.
 
-Only live conversations keep state (a few integers per turn, never token lists), so a
-million requests cost no more memory than one.
+Only live conversations keep state (their token history, two bytes a token, when prompts
+are generated), so a million requests cost no more memory than the
+conversations open at once.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from heapq import heappop, heappush
@@ -20,7 +22,7 @@ from typing import Any
 from shuniu.core.traffic.distributions import count_sampler, sample_count
 from shuniu.core.traffic.request import SimRequest
 from shuniu.core.traffic.streams import ChatStream, PlainStream, StreamBase, SystemPrompts, TenantShare
-from shuniu.core.traffic.synthetic import stable_seed, synthetic_ids
+from shuniu.core.traffic.synthetic import stable_seed, synthetic_array, synthetic_ids
 from shuniu.core.traffic.trace import trace_requests
 
 __all__ = ["generate"]
@@ -135,13 +137,16 @@ def _plain(s: PlainStream, name: str, seed: int, end: float, prompts: bool) -> I
             prefix_len,
             0,
             label,
+            chain_key=group if prompts else None,
+            chain_tokens=prefix_len,
         )
 
 
 class _Conversation:
-    """A live conversation: a few numbers per turn, never token lists."""
+    """A live conversation: its history's length and, when prompts are generated, its token
+    ids (compact), so each turn makes only its new part."""
 
-    __slots__ = ("history", "index", "length", "rng", "turn", "turns", "user")
+    __slots__ = ("index", "length", "rng", "tokens", "turn", "turns", "user")
 
     def __init__(self, index: int, user: int, turns: int, rng: random.Random) -> None:
         self.index = index
@@ -149,10 +154,11 @@ class _Conversation:
         self.turns = turns
         self.rng = rng
         self.turn = 0
-        self.history: list[tuple[int, int]] = []
-        """(seed, length) of each earlier user message and answer, in order."""
         self.length = 0
         """Tokens of history."""
+        self.tokens: array | None = None
+        """The system prompt and the history so far (``None`` until the first turn, or
+        without prompts)."""
 
 
 def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Iterator[SimRequest]:
@@ -198,10 +204,14 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
         user_seed = rng.getrandbits(64)
         output_seed = rng.getrandbits(64)
         if prompts:
-            prompt = list(system.ids(k)) if k >= 0 else []
-            for part_seed, part_len in conv.history:
-                prompt += synthetic_ids(part_seed, part_len)
-            prompt += synthetic_ids(user_seed, n_user)
+            if conv.tokens is None:
+                conv.tokens = array("H", system.ids(k)) if k >= 0 else array("H")
+            user_ids = synthetic_array(user_seed, n_user)
+            prompt = conv.tokens.tolist()
+            prompt += user_ids.tolist()
+            if conv.turn + 1 < conv.turns:  # the next turn's history: this prompt and its answer
+                conv.tokens += user_ids
+                conv.tokens += synthetic_array(output_seed, n_out)
         else:
             prompt = []
         tenant, tier, priority = people[bisect_right(bounds, user)] if len(people) > 1 else people[0]
@@ -222,10 +232,10 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             name,
             f"{name}/u{user}",
             conv.turn,
+            f"{name}/c{conv.index}" if prompts else None,
+            n_prompt,
         )
         conv.turn += 1
         if conv.turn < conv.turns:
-            conv.history.append((user_seed, n_user))
-            conv.history.append((output_seed, n_out))
             conv.length += n_user + n_out
             heappush(heap, (at + think.sample(rng), conv.index, conv))

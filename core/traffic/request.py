@@ -40,6 +40,12 @@ class SimRequest(msgspec.Struct, gc=False):
     user: str | None = None
     turn: int = 0
     """Turn number within the conversation, from 0."""
+    chain_key: str | None = None
+    """Names the prompts that start alike (this request's conversation, whose every turn's
+    prompt starts with the whole previous one; or its system prompt), so a simulation hashes
+    their shared blocks once (:class:`~shuniu.core.blockhash.PrefixChain`)."""
+    chain_tokens: int = 0
+    """How many leading prompt tokens this request shares with the others of ``chain_key``."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from functools import reduce
+from operator import and_
 
 from shuniu.core.contracts import EndpointView
 from shuniu.core.pools.prefix import match_depths
@@ -64,13 +66,18 @@ class PrefixIndex:
     def _record(self, hashes: Sequence[int], bit: int) -> None:
         table = self._table
         move = table.move_to_end
-        for h in hashes:
-            mask = table.get(h)
-            if mask is None:
-                table[h] = bit
-            else:
-                table[h] = mask | bit
-                move(h)
+        masks = list(map(table.get, hashes))
+        if None not in masks and reduce(and_, masks) & bit:
+            # The common case (a prefix this endpoint was sent before): every block is
+            # known there already and only becomes the most recent, at C speed.
+            deque(map(move, hashes), maxlen=0)
+        else:
+            for h, mask in zip(hashes, masks, strict=True):
+                if mask is None:
+                    table[h] = bit
+                else:
+                    table[h] = mask | bit
+                    move(h)
         excess = len(table) - self.max_blocks
         if excess > 0:
             pop = table.popitem

@@ -14,10 +14,12 @@ import asyncio
 import functools
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from shuniu.backends.sim import LogHistogram, Seq, SimBackend
+from shuniu.core.blockhash import PrefixChain
 from shuniu.core.config.loader import ResolvedDeployment
 from shuniu.core.errors import ConfigError, GatewayError, Problem
 from shuniu.core.plugin_manager import PluginManager
@@ -26,7 +28,10 @@ from shuniu.core.types import InferenceRequest, Outcome, Principal
 from shuniu.plugins.tools.simulate.results import SimulationResult
 from shuniu.plugins.tools.simulate.vclock import run_virtual
 
-__all__ = ["LEAP_STEPS", "simulate"]
+__all__ = ["CHAINS", "LEAP_STEPS", "simulate"]
+
+CHAINS = 4096
+"""Most prompt families (conversations, system prompts) whose block hashes a run remembers."""
 
 LEAP_STEPS = 512
 """Most decode iterations an engine runs as one event in a simulation (``SimEngine.leap_steps``)."""
@@ -73,6 +78,11 @@ async def _run(
     inflight: set[asyncio.Task[None]] = set()
     homes: dict[str, int] = {}
     """``split="tenants"``: tenant → its gateway, in turn by first appearance."""
+    block_of = {name: _block_size(pool) for name, pool in gateway.routes.items()}
+    """Model → its engines' KV block size: the block a request's hash chain is made of."""
+    chains: OrderedDict[str, PrefixChain] = OrderedDict()
+    """``SimRequest.chain_key`` → the hashes of its shared blocks, the most recent
+    :data:`CHAINS` (a live conversation forgotten is only hashed again)."""
 
     async def one(spec: Any, n: int) -> None:
         if split == "tenants":
@@ -104,6 +114,20 @@ async def _run(
             principal=Principal(tenant=spec.tenant, tier=spec.tier),
             token_ids=spec.prompt,
         )
+        key = spec.chain_key
+        if key is not None:
+            # The blocks this prompt shares with its conversation's earlier turns (or its
+            # system prompt) were hashed then: only the new ones are hashed now.
+            chain = chains.get(key)
+            if chain is None:
+                chain = chains[key] = PrefixChain()
+                if len(chains) > CHAINS:
+                    chains.popitem(last=False)
+            else:
+                chains.move_to_end(key)
+            block = block_of[model]
+            req.prefix_hashes = chain.hashes(spec.prompt, block, spec.chain_tokens)
+            req.prefix_block = block
         tier = result.tier(spec.tier)
         tier.arrived += 1
         try:
@@ -230,6 +254,14 @@ async def _run(
                     result.per_endpoint[ep.name][f"{what}_p99"] = hist.quantile(0.99)
     for gw in gateways:
         await gw.stop()
+
+
+def _block_size(pool: Pool) -> int:
+    """The KV block size of a pool's simulated engines (vLLM's 16 when it has none)."""
+    for ep in pool.endpoints:
+        if isinstance(ep.backend, SimBackend):
+            return ep.backend.engine.core.config.block_size
+    return 16
 
 
 def _scaled(gateways: list[Any]) -> bool:

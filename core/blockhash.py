@@ -1,0 +1,50 @@
+"""Hash chains of token blocks, the one formula the gateway's prefix routing and the simulated
+engine's prefix cache share, and a memo of them for prompts that start alike.
+
+Block *i* of a token sequence is identified by ``hash((hash of block i-1, tuple(block i)))``,
+the chain seeded with the block size (so chains of different sizes never collide): two
+sequences share block *i*'s hash only if they share every token up to its end. Ints and
+tuples of ints hash the same in every process, so the gateways of a fleet agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["PrefixChain", "extend_chain"]
+
+
+def extend_chain(chain: list[int], ids: Sequence[int], block: int, stop: int) -> list[int]:
+    """Append to ``chain`` (the hashes of ``ids``'s first ``len(chain)`` blocks) the hashes of
+    its blocks up to block ``stop`` (exclusive); returns ``chain``."""
+    h = chain[-1] if chain else block
+    append = chain.append
+    for start in range(len(chain) * block, stop * block, block):
+        h = hash((h, tuple(ids[start : start + block])))
+        append(h)
+    return chain
+
+
+class PrefixChain:
+    """The hash chains (one per block size) of a token prefix that many prompts start with,
+    so each prompt hashes only the blocks past it: a shared system prompt, or a
+    conversation, whose every turn's prompt starts with the whole previous one.
+
+    Whoever hands prompts in promises that the first ``shared`` tokens of each are the same
+    as those of every other prompt handed in with at least that many (:meth:`hashes`)."""
+
+    __slots__ = ("_chains",)
+
+    def __init__(self) -> None:
+        self._chains: dict[int, list[int]] = {}
+
+    def hashes(self, ids: Sequence[int], block: int, shared: int) -> list[int]:
+        """The chain of ``ids``'s full blocks (a fresh list), remembering those within its
+        first ``shared`` tokens for the prompts that follow."""
+        memo = self._chains.get(block)
+        if memo is None:
+            memo = self._chains[block] = []
+        stable = min(shared, len(ids)) // block
+        if len(memo) < stable:
+            extend_chain(memo, ids, block, stable)
+        return extend_chain(memo[:stable], ids, block, len(ids) // block)
