@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
+
+import pytest
 
 from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.core.blockhash import PrefixChain, extend_chain
@@ -116,3 +119,23 @@ def test_kv_lookup_stops_at_the_first_block_not_cached() -> None:
     assert pool.allocate(5) is not None  # 4 free blocks, then one eviction: the tail (14)
     assert pool.lookup([11, 12, 13, 14]) == blocks[:3]
     assert pool.lookup([99, 11]) == []
+
+
+EXAMPLES = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_keeps_the_promise_of_its_chain_keys(path: Path) -> None:
+    """Requests of one ``chain_key`` agree on their shared tokens, whatever the stream kind."""
+    w = load_workload(path)
+    longest: dict[str, list[int]] = {}
+    for r in w.requests(seed=2, duration=60):
+        if r.chain_key is None:
+            continue
+        assert 0 <= r.chain_tokens <= len(r.prompt)
+        seen = longest.get(r.chain_key)
+        if seen is not None:
+            n = min(len(seen), r.chain_tokens)
+            assert r.prompt[:n] == seen[:n], r.chain_key
+        if seen is None or r.chain_tokens > len(seen):
+            longest[r.chain_key] = r.prompt[: r.chain_tokens]

@@ -137,7 +137,7 @@ def _plain(s: PlainStream, name: str, seed: int, end: float, prompts: bool) -> I
             prefix_len,
             0,
             label,
-            chain_key=group if prompts else None,
+            chain_key=f"system:{group}" if prompts and group is not None else None,
             chain_tokens=prefix_len,
         )
 
@@ -232,7 +232,7 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             name,
             f"{name}/u{user}",
             conv.turn,
-            f"{name}/c{conv.index}" if prompts else None,
+            f"chat:{name}/c{conv.index}" if prompts else None,
             n_prompt,
         )
         conv.turn += 1

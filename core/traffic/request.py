@@ -41,9 +41,10 @@ class SimRequest(msgspec.Struct, gc=False):
     turn: int = 0
     """Turn number within the conversation, from 0."""
     chain_key: str | None = None
-    """Names the prompts that start alike (this request's conversation, whose every turn's
-    prompt starts with the whole previous one; or its system prompt), so a simulation hashes
-    their shared blocks once (:class:`~shuniu.core.blockhash.PrefixChain`)."""
+    """Names the prompts that start alike, so a simulation hashes their shared blocks once
+    (:class:`~shuniu.core.blockhash.PrefixChain`): ``chat:`` and the conversation (every
+    turn's prompt starts with the whole previous one), ``system:`` and the system prompt's
+    group, ``group:`` and a trace's prefix group; ``None`` without generated prompts."""
     chain_tokens: int = 0
     """How many leading prompt tokens this request shares with the others of ``chain_key``."""
 

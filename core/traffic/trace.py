@@ -172,4 +172,8 @@ def trace_requests(
                     prefix_len,
                     0,
                     name,
+                    chain_key=f"group:{line.prefix_group}"
+                    if prompts and line.prefix_group is not None
+                    else None,
+                    chain_tokens=prefix_len,
                 )
