@@ -15,7 +15,7 @@ from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.traffic import load_workload
-from shuniu.plugins.tools.simulate import simulate
+from shuniu.plugins.tools.simulate import StopRule, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "examples" / "workloads"
@@ -242,10 +242,37 @@ def test_a_run_stops_once_its_ttft_verdict_is_settled() -> None:
         "    input_tokens: 500\n    output_tokens: 50\n",
     )
     full = simulate(resolved, load_plugins(), overload, duration=120).summary()
-    stopped = simulate(resolved, load_plugins(), overload, duration=120, stop_after=(2.0, 20)).summary()
+    rule = StopRule(ttft_s=2.0, ttft_most=20)
+    stopped = simulate(resolved, load_plugins(), overload, duration=120, stop_after=rule).summary()
     assert full["stopped_at"] is None and full["unfinished"] == 0
     assert stopped["stopped_at"] is not None and stopped["stopped_at"] < 60
     assert stopped["requests_arrived"] < full["requests_arrived"] / 2
     assert stopped["unfinished"] > 0
     # by then more than 20 requests had a TTFT above 2 s
     assert stopped["requests_completed"] > 20 and stopped["ttft_p99"] > 2.0
+    assert stopped["stopped_because"] == "over 20 requests above TTFT 2 s"
+
+
+def test_a_run_stops_once_its_itl_or_goodput_verdict_is_settled() -> None:
+    # A light load (8 requests/s) on an engine whose every decode step takes 50 ms: first tokens come fast,
+    # inter-token gaps are all 50 ms. A rule on gaps above 20 ms (at most 200 of them) ends
+    # the run early, as one on requests missing their thresholds (at most 5) does; rules
+    # that the run keeps (gaps above 80 ms, a TTFT far above what it sees) let it finish.
+    resolved = _deployment("{ttft_ms: 0, tokens_per_s: 20, prefill_tokens_per_s: 100000}", replicas=1)
+    light = load_workload(
+        "light",
+        text="name: light\nduration_s: 60\nslo: {ttft_s: 1, itl_s: 0.02}\nstreams:\n"
+        "  - arrival: {rate: 8}\n    input_tokens: 100\n    output_tokens: 30\n",
+    )
+
+    def run(rule: StopRule) -> dict:
+        return simulate(resolved, load_plugins(), light, duration=60, stop_after=rule).summary()
+
+    kept = run(StopRule(ttft_s=30.0, ttft_most=0, itl_s=0.08, itl_most=0))
+    assert kept["stopped_at"] is None and kept["itl_p99"] > 0.045
+    gaps = run(StopRule(itl_s=0.02, itl_most=200))
+    assert gaps["stopped_at"] is not None and gaps["stopped_at"] < 20  # checked every 64 arrivals
+    assert gaps["stopped_because"] == "over 200 inter-token gaps above 20 ms"
+    missed = run(StopRule(missed_most=5))
+    assert missed["stopped_at"] is not None and missed["stopped_at"] < 20
+    assert missed["requests_completed"] > 5 and missed["goodput"] < 0.5

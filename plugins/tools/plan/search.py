@@ -56,9 +56,10 @@ from shuniu.plugins.tools.plan.deployment import DEPLOYMENT_SOURCE, sim_deployme
 from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_load
 from shuniu.plugins.tools.plan.report import secs
 from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, Rejection, Trial
-from shuniu.plugins.tools.plan.shapes import DIMENSIONS, Shape, Space
+from shuniu.plugins.tools.plan.shapes import DIMENSIONS, Shape, Space, quality_loss
 from shuniu.plugins.tools.plan.workers import simulate_summary
 from shuniu.plugins.tools.simulate import simulate
+from shuniu.plugins.tools.simulate.stop import StopRule, allowance
 
 __all__ = [
     "CONFIRM_GROWTH",
@@ -81,8 +82,9 @@ ROOFLINE_MARGIN = 2.0
 best is rejected without a simulation."""
 MAX_GROWTH = 2.0
 """Largest factor on the replica count after a missed search trial."""
-CONFIRM_GROWTH = 1.5
-"""Largest factor on the replica count when the full-duration confirmation misses."""
+CONFIRM_GROWTH = 1.25
+"""Largest factor on the replica count when the full-duration confirmation misses (it met a
+shorter run: the count it needs is close, and each confirmation is a full-duration run)."""
 SATURATION_GROWTH = 1.5
 SATURATION_GAIN = 0.9
 """A count :data:`SATURATION_GROWTH` times larger whose missed ITL p99 is still above this
@@ -224,19 +226,30 @@ class Planner:
             raise PlanError([Problem("--model", str(exc))], "options") from None
         return self._record(phase, shape, replicas, horizon, scale, seed, result.summary(), result.wall_s)
 
-    def stop_after(self, horizon: float) -> tuple[float, int] | None:
-        """When a trial's TTFT has settled the verdict: once more requests than the target
-        allows (1% for the p99; the goodput share for the per-request threshold) of the
-        requests the horizon brings have taken longer than the target to their first token,
-        the run stops (simulating an overloaded pool to its end is the slowest part of a
-        search, and its answer is known)."""
-        expected = self.desc["request_rate"] * horizon
-        slo = self.slo
+    def stop_after(self, horizon: float) -> StopRule | None:
+        """When a trial's verdict is settled (simulating an overloaded pool to its end is the
+        slowest part of a search, and its answer is known): once more requests than the
+        target allows of those the horizon brings have taken longer than the TTFT target to
+        their first token (1% for the p99; the goodput share for the per-request threshold),
+        more inter-token gaps than 1% of the tokens it brings are above the ITL p99 target,
+        or more requests than the goodput target allows have missed their own thresholds.
+        Expected counts carry a margin (:func:`~shuniu.plugins.tools.simulate.stop.allowance`)."""
+        rate = self.desc["request_rate"]
+        expected = rate * horizon
+        gaps = expected * max(0.0, self.desc["mean_output_tokens"] - 1)
+        slo, target = self.slo, self.goodput_target
+        ttft_s, ttft_most = None, 0
         if slo.ttft_p99_s is not None:
-            return slo.ttft_p99_s, max(1, math.floor(0.01 * expected))
-        if slo.ttft_s is not None and self.goodput_target is not None:
-            return slo.ttft_s, max(1, math.floor((1 - self.goodput_target) * expected))
-        return None
+            ttft_s, ttft_most = slo.ttft_p99_s, allowance(0.01, expected)
+        elif slo.ttft_s is not None and target is not None:
+            ttft_s, ttft_most = slo.ttft_s, allowance(1 - target, expected)
+        itl_s, itl_most = None, 0
+        if slo.itl_p99_s is not None and gaps > 0:
+            itl_s, itl_most = slo.itl_p99_s, allowance(0.01, gaps)
+        missed_most = allowance(1 - target, expected) if target is not None else None
+        if ttft_s is None and itl_s is None and missed_most is None:
+            return None
+        return StopRule(ttft_s, ttft_most, itl_s, itl_most, missed_most)
 
     def prefetch(self, runs: list[tuple[str, Shape, int, float, int]]) -> None:
         """Run the uncached trials among ``runs`` (phase, shape, replicas, horizon, seed; at
@@ -278,10 +291,7 @@ class Planner:
         key = (shape, replicas, horizon, scale, seed)
         failures, worst = self.judge(s, FLOOR_MARGIN if phase == "floor" else 1.0)
         if s.get("stopped_at") is not None:
-            slow, most = self.stop_after(horizon) or (0.0, 0)
-            failures.append(
-                f"stopped at {s['stopped_at']:,.0f} s: over {most:,} requests above TTFT {secs(slow)}"
-            )
+            failures.append(f"stopped at {s['stopped_at']:,.0f} s: {s['stopped_because']}")
         trial = Trial(
             phase=phase,
             tensor_parallel=shape.tensor_parallel,
@@ -591,7 +601,7 @@ class Planner:
             if not self.better(other, current):
                 continue
             other_shape = Shape(**other.config)
-            cap = min(self.max_replicas, math.floor(current.cost_per_hour / self.cost(other_shape, 1) + 1e-9))
+            cap = self.most_that_beat(other_shape, current)
             n = self.search(
                 other_shape,
                 self.duration,
@@ -614,18 +624,33 @@ class Planner:
             if t.met and t.phase in ("search", "probe") and t.duration_s == self.search_duration:
                 if t.label != shape.label() and (t.label not in best or self.better(t, best[t.label])):
                     best[t.label] = t
-        return sorted(best.values(), key=lambda t: (t.cost_per_hour, not self.native(t), t.ttft_p99))
+        return sorted(best.values(), key=lambda t: (t.cost_per_hour, self.loss(t.config), t.ttft_p99))
 
-    def native(self, trial: Trial) -> bool:
-        """Whether a trial ran the model's own precisions."""
-        return (trial.config["weight_precision"], trial.config["kv_precision"]) == self.space.native
+    def loss(self, config: dict[str, Any]) -> int:
+        """The quality-loss rank of a configuration's precisions (0: the model's own)."""
+        return quality_loss(config["weight_precision"], config["kv_precision"], *self.space.native)
+
+    def rank(self, shape: Shape, replicas: int) -> tuple[float, int, int]:
+        """What orders configurations before their latency: cost, devices, quality loss."""
+        cost = round(self.cost(shape, replicas), 6)
+        return (cost, replicas * shape.tensor_parallel, self.loss(shape.to_dict()))
 
     def better(self, a: Trial, b: Trial) -> bool:
-        """Cheaper; at the same cost, fewer devices, then the model's own precision, then
-        the lower p99 TTFT."""
-        key_a = (round(a.cost_per_hour, 6), a.devices, not self.native(a), a.ttft_p99)
-        key_b = (round(b.cost_per_hour, 6), b.devices, not self.native(b), b.ttft_p99)
+        """Cheaper; at the same cost, fewer devices, then the smaller quality loss (the
+        model's own precision first), then the lower p99 TTFT."""
+        key_a = (round(a.cost_per_hour, 6), a.devices, self.loss(a.config), a.ttft_p99)
+        key_b = (round(b.cost_per_hour, 6), b.devices, self.loss(b.config), b.ttft_p99)
         return key_a < key_b
+
+    def most_that_beat(self, shape: Shape, trial: Trial) -> int:
+        """The most replicas of ``shape`` that rank before ``trial`` whatever their latency
+        (cheaper, or as cheap with fewer devices or a smaller quality loss): a confirmation
+        run is not spent on a tie that only the p99 TTFT would break."""
+        target = (round(trial.cost_per_hour, 6), trial.devices, self.loss(trial.config))
+        n = min(self.max_replicas, math.floor(trial.cost_per_hour / self.cost(shape, 1) + 1e-9))
+        while n > 0 and self.rank(shape, n) >= target:
+            n -= 1
+        return n
 
     def frontier(self) -> list[Trial]:
         """Search trials no other beats on cost, p99 TTFT and p99 ITL together, cheapest first."""

@@ -22,9 +22,11 @@ __all__ = [
     "DIMENSIONS",
     "MAX_NUM_SEQS",
     "QUALITY",
+    "WEIGHT_LOSS",
     "Shape",
     "Space",
     "precision_quality",
+    "quality_loss",
 ]
 
 DIMENSIONS = (
@@ -60,6 +62,18 @@ QUALITY: dict[str, str] = {
 """What a lower weight precision typically costs in answer quality (general guidance from
 published quantization evaluations; check the model's own evaluations before serving it)."""
 KV_QUALITY = "FP8 KV cache: small losses, mostly at long context"
+
+
+WEIGHT_LOSS: dict[str, int] = {"fp8": 1, "int8": 1, "int4-awq": 2, "int4-gptq": 2}
+"""How far a lower weight precision is from the model's own, in steps (:func:`quality_loss`)."""
+
+
+def quality_loss(weight: str, kv: str, native_weight: str, native_kv: str) -> int:
+    """A rank of the quality cost of ``weight``/``kv`` (0: the model's own precisions; an
+    8-bit weight format or an FP8 KV cache one step each, 4-bit weights two), for preferring
+    the smaller loss between configurations that cost the same."""
+    loss = WEIGHT_LOSS.get(weight, 1) if weight != native_weight else 0
+    return loss + (1 if kv != native_kv else 0)
 
 
 def precision_quality(weight: str, kv: str, native_weight: str, native_kv: str) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import PluginManager, load_plugins
 from shuniu.core.traffic import Workload
+from shuniu.plugins.tools.simulate.stop import StopRule
 
 __all__ = ["simulate_summary", "trial_pool"]
 
@@ -33,7 +34,7 @@ def simulate_summary(
     workload: Workload,
     horizon: float,
     seed: int,
-    stop_after: tuple[float, int] | None = None,
+    stop_after: StopRule | None = None,
 ) -> tuple[dict[str, Any], float]:
     """Simulate the deployment ``text`` against ``workload`` (in a worker): its summary and
     the wall-clock seconds it took (``stop_after`` as for ``simulate``)."""

@@ -2,8 +2,9 @@
 in virtual time.
 
 ``run`` (:func:`simulate`) drives the run on the virtual-clock event loop of ``vclock``;
-``results`` holds what it measured; ``plot`` draws latencies over time; ``command`` is the
-command line (and the progress bar ``shuniu plan`` shares); ``plugin`` registers the command.
+``results`` holds what it measured; ``stop`` says when a run's verdict is settled early;
+``plot`` draws latencies over time; ``command`` is the command line (and the progress bar
+``shuniu plan`` shares); ``plugin`` registers the command.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ if TYPE_CHECKING:
     from shuniu.plugins.tools.simulate.plot import plot_timeline
     from shuniu.plugins.tools.simulate.results import SimulationResult, TierResult
     from shuniu.plugins.tools.simulate.run import simulate
+    from shuniu.plugins.tools.simulate.stop import StopRule
     from shuniu.plugins.tools.simulate.vclock import VirtualClockLoop, run_virtual
 
 __all__ = [
     "SimulationResult",
+    "StopRule",
     "TierResult",
     "VirtualClockLoop",
     "plot_timeline",
@@ -39,6 +42,7 @@ __getattr__, __dir__ = lazy_exports(
         "SimulationResult": "shuniu.plugins.tools.simulate.results",
         "TierResult": "shuniu.plugins.tools.simulate.results",
         "simulate": "shuniu.plugins.tools.simulate.run",
+        "StopRule": "shuniu.plugins.tools.simulate.stop",
         "VirtualClockLoop": "shuniu.plugins.tools.simulate.vclock",
         "run_virtual": "shuniu.plugins.tools.simulate.vclock",
     },

@@ -73,6 +73,8 @@ class SimulationResult:
     when the run was stopped early."""
     stopped_at: float | None = None
     """When the run was stopped early (``simulate(stop_after=...)``); ``None``: it ran to its end."""
+    stopped_because: str | None = None
+    """Which limit of the stop rule it passed (:class:`~.stop.StopRule`)."""
     rejected_by_code: dict[str, int] = field(default_factory=dict)
     met_slo: int = 0
     slo: dict[str, float] | None = None
@@ -202,6 +204,7 @@ class SimulationResult:
             "failed": self.failed,
             "unfinished": self.unfinished,
             "stopped_at": self.stopped_at,
+            "stopped_because": self.stopped_because,
             "rejected_by_code": dict(self.rejected_by_code),
             "slo": self.slo,
             "sim_time_s": self.sim_time_s,

@@ -26,6 +26,7 @@ from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pools.pool import Pool
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 from shuniu.plugins.tools.simulate.results import SimulationResult
+from shuniu.plugins.tools.simulate.stop import StopRule
 from shuniu.plugins.tools.simulate.vclock import run_virtual
 
 __all__ = ["CHAINS", "LEAP_STEPS", "simulate"]
@@ -69,12 +70,18 @@ async def _run(
     progress: Callable[[float, int], None] | None,
     drain_s: float,
     split: str = "clients",
-    stop_after: tuple[float, int] | None = None,
+    stop_after: StopRule | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     for gw in gateways:
         await gw.start()
     gateway = gateways[0]
+    itl = [  # the engines' own inter-token gaps, for the stop rule
+        ep.backend.engine.core.itl
+        for pool in gateway.pools.values()
+        for ep in pool.endpoints
+        if isinstance(ep.backend, SimBackend)
+    ]
     inflight: set[asyncio.Task[None]] = set()
     homes: dict[str, int] = {}
     """``split="tenants"``: tenant → its gateway, in turn by first appearance."""
@@ -211,9 +218,10 @@ async def _run(
         if progress is not None and n % 256 == 0:
             progress(loop.time(), n)
         if stop_after is not None and n % 64 == 0:
-            slow, most = stop_after
-            if result.ttft.count - result.ttft.count_le(slow) > most:
+            reason = stop_after.settled(result, itl)
+            if reason is not None:
                 result.stopped_at = loop.time()
+                result.stopped_because = reason
                 drain_s = 0.0  # what is still running is left unfinished
                 break
     result.requests_arrived = n
@@ -316,14 +324,15 @@ def simulate(
     shared_state: bool = True,
     split: str = "clients",
     leap_steps: int = LEAP_STEPS,
-    stop_after: tuple[float, int] | None = None,
+    stop_after: StopRule | None = None,
 ) -> SimulationResult:
     """Run ``workload`` against the deployment in virtual time and measure it. With
     ``gateways`` above 1, that many gateways share the engines, clients take them in turn,
     and (``shared_state``) they share routing state as a fleet does (``fleet:``); with
     ``split="tenants"`` each tenant's requests all go to one gateway instead (tenants dealt
     out in turn). ``leap_steps``: most decode iterations an engine advances as one event
-    (1: one event per iteration; the results are the same either way)."""
+    (1: one event per iteration; the results are the same either way). ``stop_after``: end
+    the run as soon as its verdict against an SLO is settled (:class:`StopRule`)."""
     if split not in ("clients", "tenants"):
         raise ValueError(f"split must be 'clients' or 'tenants', not {split!r}")
     from shuniu.core.fleet import MemoryHub
