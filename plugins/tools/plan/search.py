@@ -44,6 +44,7 @@ arithmetic of one replica (:func:`~shuniu.backends.sim.kv_report`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
@@ -403,19 +404,41 @@ class Planner:
         lo: int,
         cap: int,
         seed: int | None = None,
+        alongside: Callable[[int], list[tuple[str, Shape, int, float, int]]] | None = None,
     ) -> int | None:
         """Smallest replica count in ``(lo, cap]`` meeting the SLO over ``horizon`` (counts up
         to ``lo`` are taken to fail); None when none does (or the SLO is unreachable).
+        ``alongside(n)``: other trials to run side by side with the one at ``n`` (ones the
+        caller will need whatever it shows; :meth:`prefetch`).
 
         Grows by :meth:`growth` until a count meets (stopping early when more replicas stop
-        helping, :meth:`_saturated`), then narrows the bracket by geometric bisection."""
+        helping, :meth:`_saturated`), then narrows the bracket by geometric bisection
+        (:meth:`_after_meeting`). With worker processes, the counts it would try next if the
+        current one meets run side by side with it: the same trials and the same answer as
+        one at a time, in fewer rounds."""
         if lo >= cap:
             return None
+        seed = self.seed if seed is None else seed
         hi: int | None = None
         lo_trial: Trial | None = None
         failures = 0
         first = n = max(lo + 1, min(guess, cap))
         while True:
+            if self.pool is not None:
+                # Side by side with n: what the caller needs anyway, then the counts this
+                # search tries next if n (and each of those) meets; the same trials as one
+                # at a time, sooner (a miss only wastes a worker's time).
+                runs = [(phase, shape, n, horizon, seed)]
+                if alongside is not None:
+                    runs += alongside(n)
+                m, top = n, n
+                while len(runs) < self.jobs:
+                    m = self._after_meeting(lo, top, lo_trial is not None, m == first)
+                    if m is None:
+                        break
+                    runs.append((phase, shape, m, horizon, seed))
+                    top = m
+                self.prefetch(runs)
             trial = self.run(phase, shape, n, horizon, seed=seed)
             if trial.met:
                 hi = n
@@ -435,16 +458,24 @@ class Planner:
                 if phase == "confirm":
                     factor = min(factor, CONFIRM_GROWTH)  # it met a shorter run: it is close
                 n = min(cap, max(lo + 1, math.ceil(lo * factor)))
-            elif hi - lo <= 1:
-                return hi
-            elif lo_trial is None:
-                # The first count tried met: the guess is optimistic, its predecessor most
-                # likely fails; if not, bisect below.
-                n = hi - 1 if n == first else (lo + hi) // 2
             else:
-                # Geometric bisection: the excess is too flat near an iteration-bound target
-                # (ITL) for interpolation to land well, and counts are compared by ratio.
-                n = min(hi - 1, max(lo + 1, round(math.sqrt(lo * hi))))
+                after = self._after_meeting(lo, hi, lo_trial is not None, n == first)
+                if after is None:
+                    return hi
+                n = after
+
+    @staticmethod
+    def _after_meeting(lo: int, hi: int, missed_before: bool, was_first: bool) -> int | None:
+        """The count a search tries after ``hi`` met with ``lo`` the most known to miss (None:
+        ``hi`` is the answer). When nothing tried has missed yet and ``hi`` was the first
+        guess, its predecessor (the guess is optimistic: it most likely fails); otherwise
+        the geometric middle of the bracket: the excess is too flat near an iteration-bound
+        target (ITL) for interpolation to land well, and counts are compared by ratio."""
+        if hi - lo <= 1:
+            return None
+        if not missed_before:
+            return hi - 1 if was_first else (lo + hi) // 2
+        return min(hi - 1, max(lo + 1, round(math.sqrt(lo * hi))))
 
     def _saturated(self, shape: Shape, fewer: Trial, more: Trial) -> bool:
         """Whether adding replicas stopped helping the ITL: at least
@@ -571,6 +602,18 @@ class Planner:
         for other in self._runners_up(shape)[: max(0, self.jobs - 1)]:
             runs.append(("confirm", Shape(**other.config), other.replicas, self.duration, confirm_seed))
         self.prefetch(runs)
+
+        def companions(n: int) -> list[tuple[str, Shape, int, float, int]]:
+            # Runners-up that rank no worse than the answer at n are confirmed whether or not
+            # n meets: run the closest of them side by side with it.
+            todo = []
+            for other in self._runners_up(shape):
+                other_shape = Shape(**other.config)
+                key = (other_shape, other.replicas, self.duration, 1.0, confirm_seed)
+                if key not in self._cache and self.rank(other_shape, other.replicas) <= self.rank(shape, n):
+                    todo.append(("confirm", other_shape, other.replicas, self.duration, confirm_seed))
+            return todo[: max(0, self.jobs - 1)]
+
         n = self.search(
             shape,
             self.duration,
@@ -579,6 +622,7 @@ class Planner:
             found.replicas - 1,
             self.max_replicas,
             seed=confirm_seed,
+            alongside=companions if self.pool is not None else None,
         )
         if n is None:
             self.notes.append(
