@@ -258,9 +258,14 @@ def test_the_knobs_an_expert_would_tune() -> None:
     # costs are devices x hours x the price given
     assert all(t.cost_per_hour == pytest.approx(t.devices * 2.0) for t in result.tried)
     assert result.price_per_hour == 2.0
-    # the frontier: no search trial is cheaper and faster at both p99s than a frontier point
-    searched = [t for t in result.tried if t.phase in ("search", "probe") and t.rate_scale == 1.0]
-    assert result.frontier
+    # the frontier: no search trial that ran to its end is cheaper and faster at both p99s
+    # than a frontier point, and none stopped early is on it (its p99s are partial)
+    searched = [
+        t
+        for t in result.tried
+        if t.phase in ("search", "probe") and t.rate_scale == 1.0 and t.stopped_at is None
+    ]
+    assert result.frontier and all(f.stopped_at is None for f in result.frontier)
     for f in result.frontier:
         assert not any(
             (t.cost_per_hour, t.ttft_p99, t.itl_p99) != (f.cost_per_hour, f.ttft_p99, f.itl_p99)

@@ -62,6 +62,9 @@ class Trial:
     """Seed of the workload sample it ran."""
     worst: float = 0.0
     """The largest ratio of a p99 to its target (above 1: missed)."""
+    stopped_at: float | None = None
+    """When the run stopped because its miss was settled (its latencies are those of the
+    run so far, so lower than a full run's); ``None``: it ran to its end."""
 
     @property
     def devices(self) -> int:

@@ -318,6 +318,7 @@ class Planner:
             cost_per_hour=self.cost(shape, replicas),
             seed=seed,
             worst=worst,
+            stopped_at=s.get("stopped_at"),
         )
         self._cache[key] = trial
         self.tried.append(trial)
@@ -700,11 +701,15 @@ class Planner:
         return n
 
     def frontier(self) -> list[Trial]:
-        """Search trials no other beats on cost, p99 TTFT and p99 ITL together, cheapest first."""
+        """Search trials no other beats on cost, p99 TTFT and p99 ITL together, cheapest first
+        (of those that ran to their end: a stopped run's p99s are only those of its start)."""
         pool = [
             t
             for t in self.tried
-            if t.phase in ("search", "probe") and t.rate_scale == 1.0 and t.duration_s == self.search_duration
+            if t.phase in ("search", "probe")
+            and t.rate_scale == 1.0
+            and t.duration_s == self.search_duration
+            and t.stopped_at is None
         ]
         keys = [(t.cost_per_hour, t.ttft_p99, t.itl_p99) for t in pool]
         out = []
