@@ -116,8 +116,9 @@ def engine_counters(port: int) -> tuple[int, int]:
     return int(m.prefix_queries or 0), int(m.prefix_hits or 0)
 
 
-def deployment(policy: str, engines: list[tuple[int, int]], tokenizer: Path) -> str:
-    """shuniu's deployment for ``policy`` over the engines (HTTP port, KV-events port)."""
+def deployment(policy: str, engines: list[tuple[int, int]], tokenizer: Path, options: str = "") -> str:
+    """shuniu's deployment for ``policy`` over the engines (HTTP port, KV-events port), with the
+    balancer's ``options`` (a YAML flow mapping's inside, e.g. ``cold_weight: 2``)."""
     precise = policy == "precise_prefix"
     lines = []
     for k, (port, kv) in enumerate(engines):
@@ -125,11 +126,12 @@ def deployment(policy: str, engines: list[tuple[int, int]], tokenizer: Path) -> 
         lines.append(f'        options: {{base_url: "http://127.0.0.1:{port}"}}\n')
         if precise:
             lines.append(f'        kv_events: {{endpoint: "tcp://127.0.0.1:{kv}"}}\n')
+    balancer = SHUNIU_POLICIES[policy] if not options else f"{{policy: {policy}, options: {{{options}}}}}"
     return (
         "models:\n"
         f"  {MODEL}:\n"
         f"    tokenizer: {json.dumps(str(tokenizer))}\n"
-        f"    balancer: {SHUNIU_POLICIES[policy]}\n"
+        f"    balancer: {balancer}\n"
         "    health: {interval_s: 1}\n"
         "    load: {interval_s: 0.25}\n"
         "    endpoints:\n" + "".join(lines)
@@ -162,6 +164,7 @@ def start_router(
     tokenizer: Path,
     logs: Path,
     sglang: str | None,
+    options: str = "",
 ) -> Child:
     if policy == "sglang_cache_aware":
         if sglang is None:
@@ -177,7 +180,7 @@ def start_router(
         wait_http_ok(child, f"{child.url}/v1/models", 60)
         return child
     path = logs / "deployment.yaml"
-    path.write_text(deployment(policy, engines, tokenizer))
+    path.write_text(deployment(policy, engines, tokenizer, options))
     cmd = [*shuniu_command(), "serve", str(path), "--port", "0"]
     child = children.start("shuniu", cmd, logs / "router.log")
     wait_serving(child, 60)
@@ -198,7 +201,8 @@ def run_one(
     logs.mkdir(parents=True, exist_ok=True)
     with Children() as children:
         engine_children, engines = start_engines(children, tokenizer, logs)
-        router = start_router(children, policy, engines, tokenizer, logs, sglang)
+        options = args.balancer_options if policy in SHUNIU_POLICIES else ""
+        router = start_router(children, policy, engines, tokenizer, logs, sglang, options)
         out = logs / "bench.json"
         cmd = [
             *shuniu_command(), "bench", f"{router.url}/v1", "-m", MODEL, "-w", str(WORKLOAD),
@@ -276,6 +280,11 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=90.0, help="Seconds of load per run.")
     ap.add_argument("--seeds", default="0", help="Traffic seeds (each load and router runs each).")
     ap.add_argument("--sglang-router", default=None, help="The sglang-router program.")
+    ap.add_argument(
+        "--balancer-options",
+        default="",
+        help="Options for shuniu's balancers, as the inside of a YAML mapping (e.g. 'cold_weight: 2').",
+    )
     ap.add_argument("--profile", action="store_true", help="Record shuniu under py-spy (profile.txt).")
     ap.add_argument("--out", type=Path, default=RESULTS / "prefix_routing_live.json")
     args = ap.parse_args()

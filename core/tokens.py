@@ -66,6 +66,11 @@ _PIECES = re.compile(_PIECE)
 # captured): the regex engine tries it only where a piece starts, so finding runs costs
 # almost nothing on text without them (a separate search would try every position).
 _TOKEN = re.compile(rf"([^\W_{_CJK}]{{{RUN_MIN},}})|{_PIECE}")
+# The same pattern for ASCII text, compiled with re.ASCII: the same matches on ASCII input
+# (letters, digits and word characters are the ASCII ones either way), found about twice as
+# fast, since no character class has to be looked up in the Unicode tables.
+_PIECE_ASCII = rf"[^\W\d_]{{1,{LETTERS_PER_TOKEN}}}|\d{{1,{DIGITS_PER_TOKEN}}}|_|\n[ \t]*|[^\w\s]"
+_TOKEN_ASCII = re.compile(rf"([^\W_]{{{RUN_MIN},}})|{_PIECE_ASCII}", re.ASCII)
 # Symbols outside ASCII (emoji, arrows, maths, box drawing) count twice; CJK and full-width
 # punctuation, which Chinese vocabularies hold as single tokens, once.
 _WIDE = re.compile(r"[^\w\s\x00-\x7f\u3000-\u303f\uff00-\uffef]")
@@ -83,12 +88,13 @@ def _run_tokens(run: str) -> int:
 def count_tokens(text: str) -> int:
     """The estimated token count of ``text`` (``len(split_tokens(text))``, without building
     the split pieces)."""
-    found = _TOKEN.findall(text)  # a run's text, or "" for any other piece
+    ascii = text.isascii()
+    found = (_TOKEN_ASCII if ascii else _TOKEN).findall(text)  # a run's text, or "" for any other piece
     n = len(found)
     if any(found):
         for run in filter(None, found):
             n += _run_tokens(run) - 1
-    if not text.isascii():
+    if not ascii:
         n += len(_WIDE.findall(text))
     return n
 
