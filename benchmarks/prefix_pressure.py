@@ -41,7 +41,7 @@ models:
     endpoints:
       - {{kind: sim, replicas: 4, options: {{kv_cache_tokens: 20480, max_num_seqs: 64,
           output_tokens_min: 16, output_tokens_max: 400}}}}
-    balancer: {{policy: {policy}}}
+    balancer: {{policy: {policy}{options}}}
     health: {{interval_s: 30}}
 """
 POLICIES = ["round_robin", "least_load", "prefix_affinity", "precise_prefix"]
@@ -52,6 +52,11 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--loads", default="1,2,3,4,5", help="Multiples of the workload's rate (10 requests/s).")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument(
+        "--balancer-options",
+        default="",
+        help="Options for the balancers, as the inside of a YAML mapping (e.g. 'waiting_cost_tokens: 0').",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prefix_pressure.json")
     args = ap.parse_args()
     console = Console()
@@ -63,7 +68,14 @@ def main() -> None:
     for col in ("policy", "load", "req/s", "TTFT p50", "TTFT p99", "worst p99", "prefix hits", "goodput"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for policy in args.policies.split(","):
-        resolved = load_deployment("bench.yaml", plugins, text=DEPLOYMENT.format(policy=policy), env={})
+        extra = (
+            f", options: {{{args.balancer_options}}}"
+            if args.balancer_options and policy.startswith("pre")
+            else ""
+        )
+        resolved = load_deployment(
+            "bench.yaml", plugins, text=DEPLOYMENT.format(policy=policy, options=extra), env={}
+        )
         for load in (float(x) for x in args.loads.split(",")):
             runs = []
             for seed in seeds:

@@ -13,7 +13,7 @@ from shuniu.backends.sim.engine import Seq
 from shuniu.core.contracts import BackendBase, Ticket
 from shuniu.core.kv_events import BlockRemoved, BlockStored, EventBatch, KvBlockIndex
 from shuniu.core.pools.pool import EndpointState, Pool
-from shuniu.core.types import InferenceRequest, Outcome
+from shuniu.core.types import EndpointLoad, InferenceRequest, Outcome
 from shuniu.plugins.balancers.precise_prefix import PrecisePrefix, PrecisePrefixOptions
 
 SHARED = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
@@ -126,9 +126,22 @@ def test_the_pool_counts_the_hits_it_expected_per_endpoint() -> None:
     assert (eps[0].expected_hits, eps[1].expected_hits) == (0, 3 * 512)
 
 
+def test_by_default_a_reported_queue_does_not_move_a_request_off_its_cache() -> None:
+    # A load snapshot says six requests wait in the engine that holds the prefix. By default
+    # the request stays there (the count is the same for every request until the next
+    # snapshot, so weighing it moved bursts off their cache); at the old 1,024 tokens a
+    # queued request, it would pay a cold prefill on the idle engine.
+    eps = _endpoints(2)
+    eps[0].load, eps[0].load_weight = EndpointLoad(running=8, waiting=6), 1.0
+    for options, where in ((PrecisePrefixOptions(), 0), (PrecisePrefixOptions(waiting_cost_tokens=1024), 1)):
+        bal = PrecisePrefix(options)
+        _holds(bal.kv_index(), 0, SHARED)
+        assert bal.pick(_req([*SHARED, 1]), eps) is eps[where]
+
+
 def test_a_cached_request_waits_on_its_engine_past_the_adaptive_limit_not_cold_elsewhere() -> None:
     eps = _endpoints(2)
-    bal = PrecisePrefix()
+    bal = PrecisePrefix(PrecisePrefixOptions(past_limit_cost_tokens=1024))
     _holds(bal.kv_index(), 0, SHARED)
     pool = Pool("m", eps, bal, object())  # type: ignore[arg-type]
     eps[0].limit, eps[0].in_flight = 4, 4  # the adaptive limit binds: no free slot there

@@ -62,9 +62,15 @@ class PrecisePrefixOptions(Options):
     events say so (or not)."""
     recent_blocks: int = Field(65_536, ge=1)
     """Blocks that memory of recent dispatches keeps at most."""
-    waiting_cost_tokens: float = Field(1024.0, ge=0)
+    waiting_cost_tokens: float = Field(0.0, ge=0)
     """Prompt tokens one request waiting in an engine's own queue costs (the engine admits
-    it before this prompt)."""
+    it before this prompt). 0 by default: that queue is read from a load snapshot, so between
+    snapshots every request of a prefix sees the same count, and a busy moment moved a burst
+    of them off their cache at once (docs/scheduling.md)."""
+    past_limit_cost_tokens: float = Field(0.0, ge=0)
+    """Prompt tokens each request this gateway already sent past an engine's adaptive limit
+    costs there (it waits in that engine's queue). 0 by default: measured, staying on the
+    cache beat moving a request cold, and the balance bound still stops a pile-up."""
     cold_weight: float = Field(1.0, ge=1)
     """How much more a prompt token to compute costs than one already queued: a cold
     prefill also delays every request behind it there and evicts other prefixes to make room,
@@ -95,6 +101,7 @@ def cheapest(
     slack: float,
     cold_weight: float = 1.0,
     start: int = 0,
+    past_limit_cost: float = 0.0,
 ) -> tuple[EndpointView | None, int]:
     """The candidate where ``req``'s first token should come soonest (see the module), and the
     prompt tokens it holds; ``depths``: endpoint index → leading blocks it holds.
@@ -132,7 +139,7 @@ def cheapest(
             # in the engine's queue behind the others sent past the limit.
             if not cached:
                 continue
-            cost += waiting_cost * over
+            cost += past_limit_cost * over
         costs[i] = cost
     lowest = min(costs)
     if lowest == math.inf:
@@ -164,6 +171,7 @@ class CostSettings(Protocol):
     """The options :func:`place` reads (both prefix balancers' options have them)."""
 
     waiting_cost_tokens: float
+    past_limit_cost_tokens: float
     cold_weight: float
     slack_tokens: float
     balance_abs: float
@@ -209,6 +217,7 @@ def place(
         o.slack_tokens,
         o.cold_weight,
         turn % len(endpoints),
+        o.past_limit_cost_tokens,
     )
     req.expected_cached = cached
     return chosen

@@ -64,8 +64,15 @@ class PrefixAffinityOptions(PrefixOptions):
     them, but not tokens: the cost weighs those) ..."""
     balance_rel: float = Field(2.0, ge=1)
     """... and more than this multiple of the least loaded one's load (plus one)."""
-    waiting_cost_tokens: float = Field(1024.0, ge=0)
-    """Prompt tokens one request waiting in an engine's own queue costs."""
+    waiting_cost_tokens: float = Field(0.0, ge=0)
+    """Prompt tokens one request waiting in an engine's own queue costs. 0 by default: that
+    queue is read from a load snapshot, so between snapshots every request of a prefix sees
+    the same count, and a busy moment moved a burst of them off their cache at once
+    (docs/scheduling.md)."""
+    past_limit_cost_tokens: float = Field(0.0, ge=0)
+    """Prompt tokens each request this gateway already sent past an engine's adaptive limit
+    costs there (it waits in that engine's queue). 0 by default: measured, staying on the
+    cache beat moving a request cold, and the balance bound still stops a pile-up."""
     cold_weight: float = Field(1.0, ge=1)
     """How much more a prompt token to compute costs than one already queued: a cold
     prefill also delays every request behind it there and evicts other prefixes to make room,
