@@ -59,8 +59,7 @@ from shuniu.plugins.tools.plan.report import secs
 from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, Rejection, Trial
 from shuniu.plugins.tools.plan.shapes import DIMENSIONS, Shape, Space, quality_loss
 from shuniu.plugins.tools.plan.workers import simulate_summary
-from shuniu.plugins.tools.simulate import simulate
-from shuniu.plugins.tools.simulate.stop import StopRule, allowance
+from shuniu.plugins.tools.simulate import StopRule, simulate, stop_allowance
 
 __all__ = [
     "CONFIRM_GROWTH",
@@ -234,20 +233,20 @@ class Planner:
         their first token (1% for the p99; the goodput share for the per-request threshold),
         more inter-token gaps than 1% of the tokens it brings are above the ITL p99 target,
         or more requests than the goodput target allows have missed their own thresholds.
-        Expected counts carry a margin (:func:`~shuniu.plugins.tools.simulate.stop.allowance`)."""
+        Expected counts carry a margin (:func:`~shuniu.plugins.tools.simulate.stop.stop_allowance`)."""
         rate = self.desc["request_rate"]
         expected = rate * horizon
         gaps = expected * max(0.0, self.desc["mean_output_tokens"] - 1)
         slo, target = self.slo, self.goodput_target
         ttft_s, ttft_most = None, 0
         if slo.ttft_p99_s is not None:
-            ttft_s, ttft_most = slo.ttft_p99_s, allowance(0.01, expected)
+            ttft_s, ttft_most = slo.ttft_p99_s, stop_allowance(0.01, expected)
         elif slo.ttft_s is not None and target is not None:
-            ttft_s, ttft_most = slo.ttft_s, allowance(1 - target, expected)
+            ttft_s, ttft_most = slo.ttft_s, stop_allowance(1 - target, expected)
         itl_s, itl_most = None, 0
         if slo.itl_p99_s is not None and gaps > 0:
-            itl_s, itl_most = slo.itl_p99_s, allowance(0.01, gaps)
-        missed_most = allowance(1 - target, expected) if target is not None else None
+            itl_s, itl_most = slo.itl_p99_s, stop_allowance(0.01, gaps)
+        missed_most = stop_allowance(1 - target, expected) if target is not None else None
         if ttft_s is None and itl_s is None and missed_most is None:
             return None
         return StopRule(ttft_s, ttft_most, itl_s, itl_most, missed_most)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import PluginManager, load_plugins
 from shuniu.core.traffic import Workload
-from shuniu.plugins.tools.simulate.stop import StopRule
+
+if TYPE_CHECKING:
+    from shuniu.plugins.tools.simulate import StopRule
 
 __all__ = ["simulate_summary", "trial_pool"]
 

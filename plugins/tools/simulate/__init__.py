@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from shuniu.plugins.tools.simulate.plot import plot_timeline
     from shuniu.plugins.tools.simulate.results import SimulationResult, TierResult
     from shuniu.plugins.tools.simulate.run import simulate
-    from shuniu.plugins.tools.simulate.stop import StopRule
+    from shuniu.plugins.tools.simulate.stop import StopRule, stop_allowance
     from shuniu.plugins.tools.simulate.vclock import VirtualClockLoop, run_virtual
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "simulate",
     "simulate_command",
     "simulation_progress",
+    "stop_allowance",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -43,6 +44,7 @@ __getattr__, __dir__ = lazy_exports(
         "TierResult": "shuniu.plugins.tools.simulate.results",
         "simulate": "shuniu.plugins.tools.simulate.run",
         "StopRule": "shuniu.plugins.tools.simulate.stop",
+        "stop_allowance": "shuniu.plugins.tools.simulate.stop",
         "VirtualClockLoop": "shuniu.plugins.tools.simulate.vclock",
         "run_virtual": "shuniu.plugins.tools.simulate.vclock",
     },

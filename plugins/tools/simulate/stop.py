@@ -7,7 +7,7 @@ longer than an ITL, requests that missed their own thresholds — against how ma
 run may have and still meet the target; past that, no later request can bring the p99 (or
 the goodput share) back. The allowances come from the expected number of requests and tokens
 over the horizon, so a run that brings more than expected could in principle have met:
-:func:`allowance` keeps a margin for that.
+:func:`stop_allowance` keeps a margin for that.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shuniu.backends.sim.stats import LogHistogram
+from shuniu.backends.sim import LogHistogram
 
 if TYPE_CHECKING:
     from shuniu.plugins.tools.simulate.results import SimulationResult
 
-__all__ = ["MARGIN", "StopRule", "allowance"]
+__all__ = ["MARGIN", "StopRule", "stop_allowance"]
 
 MARGIN = 1.1
 """Expected counts are raised by this factor before the allowed share is taken of them (a run
 may bring somewhat more requests or tokens than its mean rate says)."""
 
 
-def allowance(share: float, expected: float) -> int:
+def stop_allowance(share: float, expected: float) -> int:
     """How many events above a target a run of ``expected`` events may have while ``share``
     of them may be above it (1% for a p99), with :data:`MARGIN`; at least 1."""
     return max(1, math.floor(share * expected * MARGIN))
