@@ -43,6 +43,18 @@ class DnsServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> DnsServer:
+        # The port is free for UDP when chosen; dnsmasq also listens on TCP there, which
+        # another process may hold (CI saw "Address already in use"): then take another.
+        for _ in range(4):
+            try:
+                return self._start()
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+                self.port = _free_udp_port()
+        return self._start()
+
+    def _start(self) -> DnsServer:
         exe = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
         cmd = [
             exe,
