@@ -682,18 +682,20 @@ class Planner:
         cost = round(self.cost(shape, replicas), 6)
         return (cost, replicas * shape.tensor_parallel, self.loss(shape.to_dict()))
 
+    def trial_rank(self, trial: Trial) -> tuple[float, int, int]:
+        """:meth:`rank` of a trial's configuration and count."""
+        return (round(trial.cost_per_hour, 6), trial.devices, self.loss(trial.config))
+
     def better(self, a: Trial, b: Trial) -> bool:
         """Cheaper; at the same cost, fewer devices, then the smaller quality loss (the
         model's own precision first), then the lower p99 TTFT."""
-        key_a = (round(a.cost_per_hour, 6), a.devices, self.loss(a.config), a.ttft_p99)
-        key_b = (round(b.cost_per_hour, 6), b.devices, self.loss(b.config), b.ttft_p99)
-        return key_a < key_b
+        return (*self.trial_rank(a), a.ttft_p99) < (*self.trial_rank(b), b.ttft_p99)
 
     def most_that_beat(self, shape: Shape, trial: Trial) -> int:
         """The most replicas of ``shape`` that rank before ``trial`` whatever their latency
         (cheaper, or as cheap with fewer devices or a smaller quality loss): a confirmation
         run is not spent on a tie that only the p99 TTFT would break."""
-        target = (round(trial.cost_per_hour, 6), trial.devices, self.loss(trial.config))
+        target = self.trial_rank(trial)
         n = min(self.max_replicas, math.floor(trial.cost_per_hour / self.cost(shape, 1) + 1e-9))
         while n > 0 and self.rank(shape, n) >= target:
             n -= 1
