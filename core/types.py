@@ -228,6 +228,11 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     parameters the chat body does not carry)."""
     pooling: PoolingJob | None = None
     """The inputs of an embeddings, rerank or score request (``None`` for generation)."""
+    raw_events: bool = False
+    """The client's stream may forward the engine's own events (:attr:`Chunk.raw`): an
+    OpenAI chat or completions stream with one choice, without ``continuous_usage_stats``,
+    whose text nothing in the gateway reads (no response-cache fill). Set by the request
+    path before the engine call; ``False`` for every other caller of a backend."""
     trace_headers: dict[str, str] | None = None
     """W3C trace-context headers (``traceparent``, ``tracestate``) for the engine call: the
     gateway's upstream span when tracing is on, else the client's own, passed through."""
@@ -251,6 +256,13 @@ class Chunk(msgspec.Struct):
     """Final usage when the backend knows it (usually on the last chunk)."""
     extra: dict[str, Any] | None = None
     """Other delta fields passed through from the engine (``tool_calls``, ``reasoning_content``)."""
+    raw: bytes | None = None
+    """The engine's own OpenAI event from its ``"choices"`` key up to its closing brace,
+    without a ``usage`` member: forwarded to the client with the fields before ``"choices"``
+    (id, object, created, model) written anew and ``usage`` as the client asked. Set by an
+    OpenAI-protocol backend when the request allows it (:attr:`InferenceRequest.raw_events`)
+    and the event is an ordinary content delta; such a chunk's ``text`` is left empty (the
+    event is not decoded) and its ``tokens`` counted."""
 
 
 class Completion(msgspec.Struct):

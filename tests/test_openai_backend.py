@@ -83,6 +83,9 @@ class ScriptedUpstream(ThreadedApp):
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
+        if script.startswith("compact"):
+            await self.compact(resp, body["model"], with_usage=script == "compact usage")
+            return resp
 
         def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
             chunk = {
@@ -120,6 +123,27 @@ class ScriptedUpstream(ThreadedApp):
         except (ConnectionResetError, ConnectionError):
             self.aborted += 1
         return resp
+
+    async def compact(self, resp: web.StreamResponse, model: str, with_usage: bool) -> None:
+        """Compact JSON, as vLLM, SGLang and OpenAI write it, with logprobs on every token
+        (as vLLM adds them when asked); usage only ``with_usage``."""
+        head = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 7, "model": model}
+
+        async def send(choices: list[dict[str, Any]], **rest: Any) -> None:
+            event = json.dumps({**head, "choices": choices, **rest}, separators=(",", ":"))
+            await resp.write(b"data: " + event.encode() + b"\n\n")
+
+        await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        for word in ("Once ", "upon ", 'a "time"'):
+            logprobs = {"content": [{"token": word, "logprob": -0.5, "bytes": None, "top_logprobs": []}]}
+            await send(
+                [{"index": 0, "delta": {"content": word}, "logprobs": logprobs, "finish_reason": None}]
+            )
+        await send([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
+        if with_usage:
+            await send([], usage={"prompt_tokens": 4, "completion_tokens": 30, "total_tokens": 34})
+        await resp.write(b"data: [DONE]\n\n")
+        self.finished += 1
 
 
 @pytest.fixture
@@ -245,3 +269,46 @@ def test_a_stream_that_ends_without_done_is_an_error_not_a_short_answer(
     stream = client.chat.completions.create(model="chat", messages=_msg("nodone"), stream=True)
     with pytest.raises(openai.APIError, match="without \\[DONE\\]"):
         list(stream)
+
+
+def test_ordinary_events_reach_the_client_as_the_engine_wrote_them(
+    gateway_factory, upstream: ScriptedUpstream
+) -> None:  # type: ignore[no-untyped-def]
+    # backends/http/passthrough.py: text events are not decoded, so what the engine adds
+    # (streamed logprobs) comes through, under the gateway's id and model.
+    gw = gateway_factory(_deploy(upstream.port))
+    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="chat", messages=_msg("compact usage"), stream=True, stream_options={"include_usage": True}
+        )
+    )
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(texts) == 'Once upon a "time"'
+    tokens = [c.choices[0].logprobs.content[0].token for c in chunks if c.choices and c.choices[0].logprobs]
+    assert tokens == ["Once ", "upon ", 'a "time"']
+    assert {c.model for c in chunks} == {"chat"} and len({c.id for c in chunks}) == 1
+    assert "chatcmpl-up" not in {c.id for c in chunks}
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-2].choices[0].finish_reason == "stop"
+
+
+def test_forwarded_events_are_counted_when_the_engine_reports_no_usage(
+    gateway_factory, upstream: ScriptedUpstream
+) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_factory(_deploy(upstream.port))
+    body = {
+        "model": "chat",
+        "messages": _msg("compact"),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    resp = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+    events = [json.loads(e[6:]) for e in resp.text.split("\n\n") if e and e != "data: [DONE]"]
+    assert all("usage" in e for e in events)  # null on every chunk, as OpenAI writes it
+    assert events[-1]["usage"]["completion_tokens"] == 3
+    # Without include_usage no event carries a usage member.
+    del body["stream_options"]
+    resp = httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=30)
+    assert '"usage"' not in resp.text and resp.text.count('"logprobs":{') == 3

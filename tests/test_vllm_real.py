@@ -385,6 +385,20 @@ def test_a_gateway_streams_through_vllm(gateway_factory, server: Server) -> None
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 24 and usage.prompt_tokens > 0
     assert all(c.model == "chat" for c in chunks)
+    # vLLM's own text events are forwarded as it wrote them (backends/http/passthrough.py):
+    # the streamed logprobs it adds reach the client, under the gateway's id.
+    with_logprobs = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        extra_body={"ignore_eos": True},
+    )
+    texts = [c for c in with_logprobs if c.choices and c.choices[0].delta.content]
+    assert len(texts) >= 3 and all(c.choices[0].logprobs is not None for c in texts)
+    assert all(c.model == "chat" and c.id.startswith("chatcmpl-") and c.usage is None for c in texts)
 
     def ready() -> dict[str, Any] | None:
         body = httpx.get(f"{gw.url}/ready", timeout=10).json()

@@ -1,6 +1,7 @@
 """The HTTP engine layer every HTTP backend builds on: pooled sessions (:mod:`.session`), the
 lean HTTP/1.1 client of the calls on the request path (:mod:`.h1`),
-one SSE reader for events of any size (:mod:`.sse`), probes for health, metadata and
+one SSE reader for events of any size (:mod:`.sse`), ordinary stream events forwarded
+without decoding (:mod:`.passthrough`), probes for health, metadata and
 metrics (:mod:`.probes`), Prometheus sample reading (:mod:`.prometheus`), error mapping and
 stream close (:mod:`.errors`, :mod:`.session`), option helpers (:mod:`.options`), and the
 OpenAI-protocol engine client (:mod:`.openai`).
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from shuniu.backends.http.h1 import H1Pool, H1Response
     from shuniu.backends.http.openai import EventStream, OpenAIEngine, delta_extras
     from shuniu.backends.http.options import OpenAIOptions, http_url, server_root, url_path
+    from shuniu.backends.http.passthrough import RawEvents
     from shuniu.backends.http.probes import Prober, short_body
     from shuniu.backends.http.prometheus import MetricsError, label_dict, samples, series_pattern
     from shuniu.backends.http.session import end_stream, open_session, post_json, probe_headers
@@ -57,6 +59,7 @@ __all__ = [
     "OversizedEvent",
     "ProbeError",
     "Prober",
+    "RawEvents",
     "SseData",
     "SseLines",
     "data_payload",
@@ -93,6 +96,7 @@ _MODULES = {
     "h1": ("H1Pool", "H1Response"),
     "openai": ("EventStream", "OpenAIEngine", "delta_extras"),
     "options": ("OpenAIOptions", "http_url", "server_root", "url_path"),
+    "passthrough": ("RawEvents",),
     "probes": ("Prober", "short_body"),
     "prometheus": ("MetricsError", "label_dict", "samples", "series_pattern"),
     "session": ("end_stream", "open_session", "post_json", "probe_headers"),

@@ -30,6 +30,7 @@ from shuniu.backends.http.errors import (
 )
 from shuniu.backends.http.h1 import H1Pool, H1Response
 from shuniu.backends.http.options import OpenAIOptions, server_root
+from shuniu.backends.http.passthrough import RawEvents
 from shuniu.backends.http.session import end_stream, open_session, post_json
 from shuniu.backends.http.sse import LineSplitter, data_payload
 from shuniu.core.contracts import BackendBase, EndpointSpec
@@ -460,12 +461,25 @@ class EventStream:
     went away.
     """
 
-    __slots__ = ("_chat", "_chunks", "_done", "_engine", "_failure", "_over", "_req", "_resp", "_split")
+    __slots__ = (
+        "_chat",
+        "_chunks",
+        "_done",
+        "_engine",
+        "_failure",
+        "_over",
+        "_raw",
+        "_req",
+        "_resp",
+        "_split",
+    )
 
     def __init__(self, engine: OpenAIEngine, req: InferenceRequest) -> None:
         self._engine = engine
         self._req = req
         self._chat = req.api == "chat"
+        self._raw = RawEvents(self._chat) if req.raw_events else None
+        """Ordinary content deltas forwarded as the engine wrote them, when the request allows."""
         self._resp: aiohttp.ClientResponse | H1Response | None = None
         self._split = LineSplitter()
         self._chunks: deque[Chunk] = deque()
@@ -527,6 +541,7 @@ class EventStream:
         event_chunk = self._engine._event_chunk
         chat = self._chat
         append = self._chunks.append
+        raw = self._raw.take if self._raw is not None else None
         for line in lines:
             payload = data_payload(line)
             if payload is None:
@@ -534,6 +549,11 @@ class EventStream:
             if payload == _DONE:
                 self._done = True
                 return
+            if raw is not None:
+                chunk = raw(payload)
+                if chunk is not None:
+                    append(chunk)
+                    continue
             try:
                 chunk = event_chunk(payload, chat)
             except GatewayError as exc:

@@ -393,6 +393,8 @@ class StreamEncoder:
         "_chat",
         "_continuous",
         "_head",
+        "_raw_end",
+        "_raw_head",
         "_req",
         "_tail",
         "_usage_null",
@@ -423,6 +425,8 @@ class StreamEncoder:
         else:
             self._head = b"data: " + self._base + b',"choices":[{"index":0,"text":'
         self._tail = b"}" if self._chat else b""
+        self._raw_head = b"data: " + self._base + b","
+        self._raw_end = self._usage_null + b"}\n\n"
         self.completion_tokens = 0
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
@@ -442,6 +446,13 @@ class StreamEncoder:
 
     def chunk(self, c: Chunk) -> bytes:
         self.completion_tokens += c.tokens
+        raw = c.raw
+        if raw is not None:
+            # The engine's own event: its choices (and any fields after them) as they came,
+            # under this answer's id, created and model.
+            if c.finish_reason is not None:
+                self.finish_reason = c.finish_reason
+            return self._raw_head + raw + self._raw_end
         if c.usage is not None:
             self.usage = c.usage
         if c.finish_reason is None:

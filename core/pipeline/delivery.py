@@ -22,13 +22,21 @@ from shuniu.core.pipeline.response_cache import Filler
 from shuniu.core.pools.resilience import Watchdog
 from shuniu.core.types import Chunk, Completion, InferenceRequest, Outcome
 
-__all__ = ["SSE_HEADERS", "send_completion", "send_stream"]
+__all__ = ["SSE_HEADERS", "raw_events_allowed", "send_completion", "send_stream"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+def raw_events_allowed(req: InferenceRequest, filler: Filler | None) -> bool:
+    """Whether ``req``'s stream may forward the engine's own events
+    (:attr:`~shuniu.core.types.InferenceRequest.raw_events`): an OpenAI-wire stream (one
+    choice: ``n`` > 1 is refused), unless the gateway writes running usage on every chunk
+    (``continuous_usage_stats``) or a response-cache fill reads the text."""
+    return req.stream and req.wire == "openai" and not req.continuous_usage and filler is None
 
 
 async def send_completion(

@@ -33,7 +33,7 @@ from shuniu.core.http.asgi import Receive, Scope, Send, new_request_id, send_err
 from shuniu.core.observability.tracing import Tracing, traced
 from shuniu.core.pipeline import budget_step, cache_step, identity, routing
 from shuniu.core.pipeline.attempts import Attempts
-from shuniu.core.pipeline.delivery import send_completion, send_stream
+from shuniu.core.pipeline.delivery import raw_events_allowed, send_completion, send_stream
 from shuniu.core.pipeline.disconnect import Disconnect
 from shuniu.core.pipeline.intake import Intake
 from shuniu.core.pipeline.pooling import send_pooled
@@ -204,6 +204,7 @@ class RequestPath:
             if req.pooling is not None:
                 await send_pooled(self.attempts, req, pool, send, loop, progress, extra, filler)
                 return
+            req.raw_events = raw_events_allowed(req, filler)
             opened = await self.attempts.open(req, pool, send, loop, progress, extra)
             if opened is None:
                 return
