@@ -23,6 +23,10 @@ Targets (``--targets``, default all that are installed):
   PATH or in ``~/.cache/shuniu/peers`` (``python -m venv ~/.cache/shuniu/peers &&
   ~/.cache/shuniu/peers/bin/pip install vllm-router==0.1.17 sglang-router==0.3.2``).
 
+``--baseline DIR`` measures a change against where it started, in the same run: DIR is
+another shuniu source tree (``git worktree add /tmp/base HEAD~1``), and every shuniu target
+also runs from it as ``<target>@base``, with its ratios to it in the table.
+
 Every target is started once and stays up. Then, ``--rounds`` times, in an order rotated
 each round so that no target always runs first or last, each target gets three phases:
 
@@ -157,10 +161,35 @@ class Target:
         return sum(rss_mib(pid) for pid in self.pids())
 
 
+def baseline_path(tree: Path, tmpdir: Path) -> str:
+    """A ``PYTHONPATH`` entry whose ``shuniu`` package is the source tree ``tree`` (found
+    before this environment's own installation)."""
+    package = tmpdir / "baseline" / "shuniu"
+    package.mkdir(parents=True)
+    for part in ("core", "plugins", "backends", "hardware"):
+        if not (tree / part / "__init__.py").exists():
+            raise RuntimeError(f"--baseline {tree} is not a shuniu source tree (no {part}/)")
+        (package / part).symlink_to((tree / part).resolve(), target_is_directory=True)
+    return str(package.parent)
+
+
 def start_target(
-    name: str, children: Children, tmpdir: Path, upstream: Child, key: str, redis_url: str
+    name: str,
+    children: Children,
+    tmpdir: Path,
+    upstream: Child,
+    key: str,
+    redis_url: str,
+    baseline: str | None = None,
 ) -> Target:
     base = f"http://127.0.0.1:{upstream.port}"
+    if name.endswith("@base"):
+        assert baseline is not None
+        target = start_target(
+            name.removesuffix("@base"), children, tmpdir, upstream, key, redis_url, baseline
+        )
+        target.name = name
+        return target
     if name == "bare":
         child = children.start(
             name,
@@ -169,9 +198,13 @@ def start_target(
         )
         return Target(name, wait_serving(child, 30))
     if name in SHUNIU_TARGETS:
-        path = tmpdir / f"{name}.yaml"
+        label = name if baseline is None else f"{name}@base"
+        path = tmpdir / f"{label}.yaml"
         path.write_text(deployment(name, upstream.port, key, redis_url))
-        child = children.start(name, [*shuniu_command(), "serve", str(path)], tmpdir / f"{name}.log")
+        env = {"PYTHONPATH": baseline} if baseline is not None else None
+        child = children.start(
+            label, [*shuniu_command(), "serve", str(path)], tmpdir / f"{label}.log", env=env
+        )
         wait_serving(child, 60)
         wait_http_ok(child, f"{child.url}/ready", 60)
         headers = [f"--header=Authorization:Bearer {key}"] if name in ("full", "redis") else []
@@ -255,10 +288,14 @@ def summarize(rounds: dict[str, list[Round]]) -> dict[str, dict[str, float]]:
         row["errors"] = sum(r.errors for r in rs)
         row["rss_max_mib"] = max(r.rss_mib for r in rs)
         row["rss_growth_mib"] = round(rs[-1].rss_mib - rs[0].rss_mib, 1)
-        for ref in ("minimal", "bare", "vllm-router"):
+        refs = ["minimal", "bare", "vllm-router"]
+        if not name.endswith("@base"):
+            refs.append(f"{name}@base")
+        for ref in refs:
             if ref in rounds and ref != name:
-                row[f"rps_vs_{ref}"] = median([rs[i].rps / rounds[ref][i].rps for i in range(n)])
-                row[f"chunks_vs_{ref}"] = median(
+                label = "base" if ref.endswith("@base") else ref
+                row[f"rps_vs_{label}"] = median([rs[i].rps / rounds[ref][i].rps for i in range(n)])
+                row[f"chunks_vs_{label}"] = median(
                     [rs[i].chunks_per_s / rounds[ref][i].chunks_per_s for i in range(n)]
                 )
         out[name] = row
@@ -282,10 +319,12 @@ def render(summary: dict[str, dict[str, float]], meta: dict[str, Any]) -> Table:
         ("  req/s vs minimal", "rps_vs_minimal", ".2f"),
         ("  req/s vs bare", "rps_vs_bare", ".2f"),
         ("  req/s vs vllm-router", "rps_vs_vllm-router", ".2f"),
+        ("  req/s vs its @base", "rps_vs_base", ".2f"),
         ("  CPU ms/request", "cpu_ms_per_request", ".3f"),
         ("chunks/s c=64", "chunks_per_s", ",.0f"),
         ("  chunks/s vs bare", "chunks_vs_bare", ".2f"),
         ("  chunks/s vs vllm-router", "chunks_vs_vllm-router", ".2f"),
+        ("  chunks/s vs its @base", "chunks_vs_base", ".2f"),
         ("  CPU µs/chunk", "cpu_us_per_chunk", ".1f"),
         ("RSS max (MiB)", "rss_max_mib", ".0f"),
         ("errors", "errors", "d"),
@@ -311,11 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens (= streamed chunks) per answer")
     ap.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write every number to OUT")
+    ap.add_argument(
+        "--baseline", type=Path, metavar="DIR", help="also run every shuniu target from this source tree"
+    )
     args = ap.parse_args(argv)
     wanted = [t for t in args.targets.split(",") if t]
     unknown = [t for t in wanted if t not in TARGETS]
     if unknown:
         ap.error(f"unknown targets {unknown}; choose from {', '.join(TARGETS)}")
+    if args.baseline is not None:
+        wanted += [f"{t}@base" for t in wanted if t in SHUNIU_TARGETS]
     missing = [t for t in wanted if t.endswith("-router") and peer_program(t) is None]
     for t in missing:
         console.print(f"[yellow]{t} not found, skipped (see the module docstring to install it)[/]")
@@ -344,11 +388,18 @@ def main(argv: list[str] | None = None) -> int:
                     tmpdir / "upstream.log",
                 )
                 wait_serving(upstream, 30)
+                baseline = baseline_path(args.baseline, tmpdir) if args.baseline is not None else None
                 targets = {}
                 for name in wanted:
                     say(f"starting {name}")
                     targets[name] = start_target(
-                        name, children, tmpdir, upstream, key, redis.url if redis is not None else ""
+                        name,
+                        children,
+                        tmpdir,
+                        upstream,
+                        key,
+                        redis.url if redis is not None else "",
+                        baseline,
                     )
                 for n in range(args.rounds):
                     order = wanted[n % len(wanted) :] + wanted[: n % len(wanted)]
