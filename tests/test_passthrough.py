@@ -44,6 +44,55 @@ def test_an_ordinary_content_delta_is_forwarded_from_its_choices_on() -> None:
     assert third is not None and third.raw is not None and b"usage" not in third.raw
 
 
+TEXTS = [
+    "Hi",
+    "a b",
+    'say "x"',
+    "back\\slash",
+    "tab\tnew\nline",
+    "\\",
+    'ends with \\"',
+    "中文",
+    "\u2028",
+    "x" * 300,
+]
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_the_streams_template_gives_what_the_keys_give(usage: bool) -> None:
+    # After one plain delta, the stream's later deltas are recognised by its template (the
+    # bytes before and after the text); the result is what reading the keys gives, for
+    # texts with quotes, backslashes and escapes too.
+    warm = RawEvents(chat=True)
+    extra = {"usage": None} if usage else {}
+    assert warm.take(_event({"content": "first"}, **extra)) is not None
+    for text in TEXTS:
+        payload = _event({"content": text}, **extra)
+        cold = RawEvents(chat=True).take(payload)
+        assert cold is not None and warm.take(payload) == cold, text
+        assert warm.take_line(b"data: " + payload) in (None, cold), text
+        assert json.loads(b"{" + cold.raw + b"}")["choices"][0]["delta"]["content"] == text  # type: ignore[operator]
+    # a whole line is recognised by the template as it is; other spacing goes the payload's way
+    line = b"data: " + _event({"content": "plain"}, **extra)
+    chunk = warm.take_line(line)
+    assert chunk is not None and chunk == RawEvents(chat=True).take(line[6:])
+    assert warm.take_line(b"data:" + line[6:]) is None
+    # events of another shape are never taken for the template's: here usage figures sit
+    # between a delta that starts like the template's and one that ends like it
+    if not usage:
+        template = _event({"content": "\x00"}).split(b"\\u0000")
+        crafted = (
+            template[0]
+            + b'x"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":1},'
+            + b'"w":[{"delta":{"content":"y'
+            + template[1]
+        )
+        assert json.loads(crafted)["usage"] == {"prompt_tokens": 1}
+        assert warm.take(crafted) is None and warm.take_line(b"data: " + crafted) is None
+    assert warm.take(_event({"content": "x"}, "stop", **extra)).finish_reason == "stop"  # type: ignore[union-attr]
+    assert warm.take(_event({"role": "assistant", "content": ""}, **extra)) is None
+
+
 @pytest.mark.parametrize(
     ("delta", "finish", "tokens"),
     [

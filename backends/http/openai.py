@@ -542,7 +542,15 @@ class EventStream:
         chat = self._chat
         append = self._chunks.append
         raw = self._raw.take if self._raw is not None else None
+        raw_line = self._raw.take_line if self._raw is not None else None
         for line in lines:
+            if not line:
+                continue  # the blank line after each event
+            if raw_line is not None:
+                chunk = raw_line(line)
+                if chunk is not None:
+                    append(chunk)
+                    continue
             payload = data_payload(line)
             if payload is None:
                 continue  # comments, other SSE fields, the blank lines between events
