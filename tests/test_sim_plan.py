@@ -50,6 +50,7 @@ PINNED = {
     "weight_precision": "bf16",
     "kv_precision": "bf16",
     "prefix_caching": True,
+    "prefill_decode": "off",
 }
 """Every knob but the TP size pinned: the replica search alone."""
 

@@ -3,7 +3,8 @@
 The engine model is vLLM-style continuous batching over a paged, prefix-cached KV cache
 (``engine``, ``kvcache``), timed by a roofline cost model of a model profile on a hardware
 profile (``costmodel``, ``profiles`` with the shipped ``data/``) or at a fixed rate
-(``timing``), with injected faults (``faults``). ``backend`` adapts it to the gateway
+(``timing``), with injected faults (``faults``); ``disagg`` puts prefill engines and decode
+engines behind one endpoint (a prefill/decode split). ``backend`` adapts it to the gateway
 (``kind: sim``, the embedded default); ``metrics`` renders an engine's state as vLLM's
 Prometheus metrics.
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from shuniu.backends.sim.backend import SimBackend
     from shuniu.backends.sim.build import EngineSetup, build_engine
     from shuniu.backends.sim.costmodel import CostModel, StepBreakdown
+    from shuniu.backends.sim.disagg import DisaggregatedEngine
     from shuniu.backends.sim.engine import CostFunction, EngineConfig, EngineCore, Seq, SimEngine
     from shuniu.backends.sim.faults import FaultOptions
     from shuniu.backends.sim.metrics import CONTENT_TYPE, render_metrics
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
         load_hardware,
         load_model,
         min_tensor_parallel,
+        pipeline_parallel_problem,
+        pipeline_split,
         tensor_parallel_problem,
         weight_bytes,
     )
@@ -52,6 +56,7 @@ __all__ = [
     "GIB",
     "CostFunction",
     "CostModel",
+    "DisaggregatedEngine",
     "EngineConfig",
     "EngineCore",
     "EngineSetup",
@@ -76,6 +81,8 @@ __all__ = [
     "load_hardware",
     "load_model",
     "min_tensor_parallel",
+    "pipeline_parallel_problem",
+    "pipeline_split",
     "render_metrics",
     "tensor_parallel_problem",
     "weight_bytes",
@@ -87,6 +94,7 @@ __getattr__, __dir__ = lazy_exports(
         "SimBackend": "shuniu.backends.sim.backend",
         "EngineSetup": "shuniu.backends.sim.build",
         "build_engine": "shuniu.backends.sim.build",
+        "DisaggregatedEngine": "shuniu.backends.sim.disagg",
         "CostModel": "shuniu.backends.sim.costmodel",
         "StepBreakdown": "shuniu.backends.sim.costmodel",
         "CostFunction": "shuniu.backends.sim.engine",
@@ -112,6 +120,8 @@ __getattr__, __dir__ = lazy_exports(
         "load_hardware": "shuniu.backends.sim.profiles",
         "load_model": "shuniu.backends.sim.profiles",
         "min_tensor_parallel": "shuniu.backends.sim.profiles",
+        "pipeline_parallel_problem": "shuniu.backends.sim.profiles",
+        "pipeline_split": "shuniu.backends.sim.profiles",
         "tensor_parallel_problem": "shuniu.backends.sim.profiles",
         "weight_bytes": "shuniu.backends.sim.profiles",
         "LogHistogram": "shuniu.backends.sim.stats",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shuniu.backends.sim.disagg import DisaggregatedEngine
 from shuniu.backends.sim.engine import CostFunction, EngineConfig, EngineCore, SimEngine
 from shuniu.backends.sim.options import SimOptions
 from shuniu.backends.sim.timing import FixedRateCost
@@ -17,7 +19,7 @@ DEFAULT_MAX_MODEL_LEN = 8192
 
 @dataclass
 class EngineSetup:
-    engine: SimEngine
+    engine: SimEngine | DisaggregatedEngine
     max_model_len: int
     description: str
 
@@ -43,15 +45,21 @@ def resolve_profiles(options: SimOptions) -> tuple[Any, Any, int]:
     except ConfigError as exc:
         raise ValueError("; ".join(str(p) for p in exc.problems)) from None
     tp = options.tensor_parallel_size
-    CostModel(model, hw, tp)  # raises ValueError for a tensor-parallel size the model cannot use
-    overhead = default_overhead_bytes(model, tp, options.max_num_batched_tokens, options.max_num_seqs)
+    pp = options.pipeline_parallel_size
+    CostModel(model, hw, tp, pp)  # raises ValueError for a split the model or hardware cannot use
+    overhead = default_overhead_bytes(model, tp, options.max_num_batched_tokens, options.max_num_seqs, pp)
     kv_tokens = options.kv_cache_tokens or kv_cache_tokens(
-        model, hw, tp=tp, gpu_memory_utilization=options.gpu_memory_utilization, overhead_bytes=overhead
+        model,
+        hw,
+        tp=tp,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        overhead_bytes=overhead,
+        pp=pp,
     )
     if kv_tokens < options.block_size:
         raise ValueError(
-            f"{model.name} does not fit on {tp} x {hw.name} with room for a KV cache "
-            "(use a larger tensor_parallel_size or a smaller weight precision)"
+            f"{model.name} does not fit on {tp * pp} x {hw.name} with room for a KV cache "
+            "(use a larger tensor_parallel_size or pipeline_parallel_size, or a smaller weight precision)"
         )
     return model, hw, kv_tokens
 
@@ -65,10 +73,11 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
 
         model, hw, kv_tokens = resolve_profiles(options)
         tp = options.tensor_parallel_size
-        cost = CostModel(model, hw, tp)
+        pp = options.pipeline_parallel_size
+        cost = CostModel(model, hw, tp, pp)
         limit = options.max_model_len or max_model_len or model.max_position
         delay = (options.ttft_ms or 0.0) / 1000
-        description = f"{model.name} on {tp}x {hw.name}"
+        description = f"{model.name} on {tp * pp}x {hw.name}" + (f" (TP {tp} x PP {pp})" if pp > 1 else "")
     else:
         cost = FixedRateCost(options.tokens_per_s, options.prefill_tokens_per_s)
         kv_tokens = options.kv_cache_tokens or DEFAULT_KV_TOKENS
@@ -90,5 +99,42 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
         prefix_caching=options.enable_prefix_caching,
         priority=options.scheduling_policy == "priority",
     )
-    engine = SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed)
-    return EngineSetup(engine, limit, description)
+    if not options.prefill_engines:
+        engine = SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed)
+        return EngineSetup(engine, limit, description)
+    # A prefill/decode split: its engines, each seeded on its own (independent jitter).
+    engines = [
+        SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed + 1 + i)
+        for i in range(options.prefill_engines + options.decode_engines)
+    ]
+    unit = DisaggregatedEngine(
+        engines[: options.prefill_engines], engines[options.prefill_engines :], _transfer(options)
+    )
+    description += f", {options.prefill_engines} prefill + {options.decode_engines} decode engines"
+    return EngineSetup(unit, limit, description)
+
+
+def _transfer(options: SimOptions) -> Callable[[int], float]:
+    """Seconds a prompt's KV of ``n`` tokens takes from a prefill engine to a decode engine:
+    its bytes over the link (``kv_transfer_gb_s``, else every device's node link), plus the
+    link's latency. Free with fixed-rate timing, which knows no bytes per token."""
+    if options.hardware is None or options.model is None:
+        return _free
+    from shuniu.backends.sim.profiles import kv_bytes_per_token_per_device
+
+    model, hw, _ = resolve_profiles(options)
+    tp = options.tensor_parallel_size
+    devices = tp * options.pipeline_parallel_size
+    per_token = tp * kv_bytes_per_token_per_device(model, tp)  # the whole replica's KV
+    gb_s = options.kv_transfer_gb_s or hw.node_link_gb_s * devices
+    seconds_per_token = per_token / (gb_s * 1e9)
+    latency = hw.node_link_latency_us * 1e-6
+
+    def transfer(tokens: int) -> float:
+        return latency + tokens * seconds_per_token
+
+    return transfer
+
+
+def _free(tokens: int) -> float:
+    return 0.0

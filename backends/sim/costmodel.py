@@ -29,6 +29,19 @@ all-reduces per layer (after attention and after the MLP) of T x hidden 16-bit a
 ring time 2 (tp - 1) / tp x bytes over the one-direction link bandwidth x efficiency, plus a
 fixed latency per all-reduce. Communication is not overlapped with compute (as in vLLM).
 
+Pipeline parallelism over ``pp`` stages (each a node of ``tp`` devices, for a model that does
+not fit one node) splits the layers. An iteration here is one turn of the pipeline: the
+running sequences, in ``pp`` microbatches as vLLM schedules them, each pass every stage once.
+A turn lasts as long as its largest microbatch takes through all stages
+(:meth:`CostModel.pipeline_share`: the decoding sequences spread evenly, the prefill chunks as
+one microbatch), so the per-token work (matmuls, attention, KV reads, all-reduces) is charged
+for that share of the tokens: ``1 / pp`` of them in a full pipeline, all of them for a lone
+request, which overlaps with nothing. Each stage reads its weights once per microbatch, so
+the weight time is that of ``tp`` devices holding the whole model: stages add memory and
+throughput, not decode speed. The LM head runs on the last stage for every sequence. Between
+stages a token's activations (hidden x 16 bits) cross ``pp - 1`` node links
+(``node_link_gb_s`` per device), plus ``node_link_latency_us`` per hop.
+
 Compute precision: FP8 weights use the FP8 peak where the hardware has one, else BF16 (W8A16
 kernels such as FP8 Marlin); INT8/INT4 weight-only quantization computes in BF16 and only reads
 fewer bytes.
@@ -65,6 +78,7 @@ from shuniu.backends.sim.profiles import (
     bytes_per_weight,
     compute_precision,
     kv_bytes_per_token_per_device,
+    pipeline_parallel_problem,
     tensor_parallel_problem,
 )
 
@@ -113,6 +127,7 @@ class CostModel:
     __slots__ = (
         "_c_comm",
         "_c_head",
+        "_c_hop",
         "_c_pair",
         "_c_seq",
         "_c_token",
@@ -127,20 +142,27 @@ class CostModel:
         "host_token",
         "jitter_sigma",
         "model",
+        "pp",
         "tp",
     )
 
-    def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1) -> None:
-        problem = tensor_parallel_problem(model, tp)
+    def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1, pp: int = 1) -> None:
+        problem = tensor_parallel_problem(model, tp) or pipeline_parallel_problem(model, pp)
         if problem is not None:
             raise ValueError(problem)
         if tp > hardware.max_tensor_parallel:
             raise ValueError(
-                f"{hardware.name} allows at most {hardware.max_tensor_parallel} devices per replica, not {tp}"
+                f"{hardware.name} allows at most {hardware.max_tensor_parallel} devices per "
+                f"tensor-parallel group, not {tp}"
+            )
+        if pp > hardware.max_pipeline_parallel:
+            raise ValueError(
+                f"{hardware.name} allows at most {hardware.max_pipeline_parallel} pipeline stages, not {pp}"
             )
         self.model = model
         self.hardware = hardware
         self.tp = tp
+        self.pp = pp
         precision = compute_precision(model, hardware)
         self.compute_precision = precision
         act_precision = "fp32" if model.weight_precision == "fp32" else "bf16"
@@ -158,7 +180,8 @@ class CostModel:
         head_bytes = 4 if model.weight_precision == "fp32" else 2
         weights_read = model.body_params * bytes_per_weight(model.weight_precision) + lm_head * head_bytes
 
-        # seconds per unit of each input
+        # seconds per unit of each input, through all layers (with pipeline stages, the share of
+        # the tokens on the turn's critical path scales them: see _pipelined_step)
         self._c_token = 2.0 * model.active_body_params / flops_linear
         self._c_head = 2.0 * lm_head / flops_act
         self._c_pair = 4.0 * model.num_layers * model.num_attention_heads * model.head_dim / flops_act
@@ -179,6 +202,10 @@ class CostModel:
         else:
             self._c_comm = 0.0
             self._fixed_comm = 0.0
+        # the stage hops: a token's activations over pp - 1 node links, and a fixed latency
+        # per hop (communication, like the all-reduces, is not overlapped)
+        self._c_hop = (pp - 1) * model.hidden_size * act_bytes / (hardware.node_link_gb_s * 1e9)
+        self._fixed_comm += (pp - 1) * hardware.node_link_latency_us * 1e-6
         self._fixed = hardware.iteration_overhead_ms * 1e-3 + self._fixed_comm
 
     def step_time(
@@ -200,6 +227,8 @@ class CostModel:
         tokens = prefill_tokens + decode_seqs
         if tokens <= 0:
             return 0.0
+        if self.pp > 1:
+            return self._pipelined_step(prefill_tokens, prefill_attn, decode_seqs, decode_kv_tokens, new_seqs)
         compute = (
             tokens * self._c_token
             + decode_seqs * self._c_head
@@ -219,13 +248,61 @@ class CostModel:
             busy = host
         return busy + self._fixed + tokens * self._c_comm + new_seqs * self._request
 
+    def pipeline_share(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """With pipeline stages: the share of an iteration's tokens on a turn's critical path,
+        its largest microbatch. The decoding sequences spread over ``pp`` microbatches (a lone
+        sequence is a microbatch of its own: nothing overlaps it), and the prefill chunks make
+        one microbatch. 1 without pipeline stages."""
+        pp = self.pp
+        if pp == 1:
+            return 1.0
+        n = decode_seqs + (1 if prefill_tokens else 0)
+        share = -(-n // pp) / n
+        if prefill_tokens:
+            chunk = prefill_tokens / (prefill_tokens + decode_seqs)
+            if chunk > share:
+                share = chunk
+        return share
+
+    def _pipelined_step(
+        self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_kv_tokens: int, new_seqs: int
+    ) -> float:
+        """:meth:`step_time` with pipeline stages: the per-token work (matmuls, attention, KV
+        reads, all-reduces, stage hops) of the turn's largest microbatch; the weights, read
+        once per microbatch by each stage, and the LM head, on the last stage for every
+        sequence, as without stages."""
+        tokens = prefill_tokens + decode_seqs
+        share = self.pipeline_share(prefill_tokens, decode_seqs)
+        compute = (
+            tokens * self._c_token + (prefill_attn + decode_kv_tokens) * self._c_pair
+        ) * share + decode_seqs * self._c_head
+        kv = decode_kv_tokens + tokens
+        if prefill_tokens:
+            kv += prefill_attn / prefill_tokens
+        memory = self._m_fixed + kv * self._m_kv * share
+        if compute > memory:
+            memory = compute
+        per_token = tokens * share * (self._c_comm + self._c_hop)
+        if self.host_token:
+            d = memory if memory > decode_seqs * self._host_seq else decode_seqs * self._host_seq
+            return self._shared_device(d + self._fixed_comm + per_token, decode_seqs, new_seqs)
+        busy = memory + decode_seqs * self._c_seq
+        host = decode_seqs * self._host_seq
+        if host > busy:
+            busy = host
+        return busy + self._fixed + per_token + new_seqs * self._request
+
     def _shared_host(self, device: float, decode_seqs: int, new_seqs: int, tokens: int) -> float:
         """The iteration's time with a shared host core (the module docstring's quadratic);
         the host roof, when the profile also has one, still bounds the device path."""
         host_roof = decode_seqs * self._host_seq
         if host_roof > device:
             device = host_roof
-        d = device + self._fixed_comm + tokens * self._c_comm
+        return self._shared_device(device + self._fixed_comm + tokens * self._c_comm, decode_seqs, new_seqs)
+
+    def _shared_device(self, d: float, decode_seqs: int, new_seqs: int) -> float:
+        """The quadratic's larger root for a device path of ``d`` seconds (communication
+        included)."""
         h = self._fixed - self._fixed_comm + decode_seqs * self._c_seq + new_seqs * self._request
         cn = (decode_seqs + new_seqs) * self.host_token
         s = d + h + cn
@@ -250,18 +327,17 @@ class CostModel:
         tokens = prefill_tokens + decode_seqs
         if tokens <= 0:
             return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
+        share = self.pipeline_share(prefill_tokens, decode_seqs)
         compute = (
-            tokens * self._c_token
-            + decode_seqs * self._c_head
-            + (prefill_attn + decode_kv_tokens) * self._c_pair
-        )
+            tokens * self._c_token + (prefill_attn + decode_kv_tokens) * self._c_pair
+        ) * share + decode_seqs * self._c_head
         kv = decode_kv_tokens + tokens + (prefill_attn / prefill_tokens if prefill_tokens else 0.0)
-        memory = self._m_fixed + kv * self._m_kv
+        memory = self._m_fixed + kv * self._m_kv * share
         seq = decode_seqs * self._c_seq
         host = decode_seqs * self._host_seq
         request = new_seqs * self._request
         overhead = self._fixed - self._fixed_comm + seq + request
-        comm = self._fixed_comm + tokens * self._c_comm
+        comm = self._fixed_comm + tokens * share * (self._c_comm + self._c_hop)
         total = self.step_time(prefill_tokens, prefill_attn, decode_seqs, decode_kv_tokens, new_seqs)
         return StepBreakdown(compute, memory, overhead, comm, total, host, request, seq)
 
@@ -287,6 +363,7 @@ class CostModel:
 
     def __repr__(self) -> str:
         return (
-            f"CostModel({self.model.spec} on {self.tp}x {self.hardware.name}, "
+            f"CostModel({self.model.spec} on {self.tp * self.pp}x {self.hardware.name}"
+            f"{f' (PP {self.pp})' if self.pp > 1 else ''}, "
             f"compute in {self.compute_precision})"
         )

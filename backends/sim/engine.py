@@ -97,6 +97,7 @@ class Seq:
         "blocks",
         "cached_tokens",
         "done",
+        "external_tokens",
         "finished_at",
         "first_token_at",
         "hashes",
@@ -139,6 +140,10 @@ class Seq:
         self.status = WAITING
         self.num_computed = 0  # tokens whose KV is in the cache
         self.cached_tokens: int | None = None  # prompt tokens the prefix cache served at admission
+        self.external_tokens = 0
+        """Prompt tokens whose KV arrived from elsewhere (a prefill engine of a prefill/decode
+        split): admitted as computed, in blocks of their own, without counting as prefix-cache
+        hits; lost on a preemption (recomputed, as vLLM does)."""
         self.output_count = 0
         self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
         self.blocks: list[int] = []
@@ -282,6 +287,12 @@ class EngineCore:
         """Whether the sequence's prompt (plus one token) can ever fit in the KV cache."""
         return self._blocks_for(seq.prompt_len + 1) <= self.config.num_blocks
 
+    def cached_prefix(self, seq: Seq) -> int:
+        """Prompt tokens of ``seq`` this engine's prefix cache holds now (whole blocks)."""
+        bs = self.config.block_size
+        self._extend_hashes(seq, seq.prompt_len)
+        return len(self.pool.lookup(seq.hashes[: (seq.prompt_len - 1) // bs])) * bs
+
     @property
     def has_work(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
@@ -342,6 +353,7 @@ class EngineCore:
         victim.blocks = []
         victim.num_hashed = 0
         victim.num_computed = 0
+        victim.external_tokens = 0
         victim.preemptions += 1
         self.preemptions += 1
         self._push_waiting(victim, front=True)
@@ -419,7 +431,9 @@ class EngineCore:
             if cfg.prefix_caching:
                 self._extend_hashes(seq, total)
                 hits = pool.lookup(seq.hashes[: (total - 1) // cfg.block_size])
-            cached = len(hits) * cfg.block_size
+            cached = local = len(hits) * cfg.block_size
+            if seq.external_tokens > cached:
+                cached = seq.external_tokens
             need = total - cached
             n = need if need <= budget else (budget if cfg.chunked_prefill else 0)
             if n <= 0:
@@ -432,7 +446,7 @@ class EngineCore:
             self._pop_waiting()
             if cfg.prefix_caching:
                 self.prefix_queries += total
-                self.prefix_hits += cached
+                self.prefix_hits += local
             seq.blocks = hits + new
             seq.num_hashed = len(hits)
             seq.num_computed = cached
@@ -702,6 +716,15 @@ class SimEngine:
         """Timers the engine has run on (one per iteration, or per leap)."""
         self._leap: _Leap | None = None
         self._jitter: deque[float] = deque()  # drawn for iterations a cut leap did not run
+
+    @property
+    def cores(self) -> list[EngineCore]:
+        """The engine's cores: its one (a prefill/decode split has several)."""
+        return [self.core]
+
+    prompt_cores = output_cores = cores
+    """The cores that compute prompts, and those whose tokens reach the client: both this
+    one (:class:`~shuniu.backends.sim.disagg.DisaggregatedEngine` splits them)."""
 
     def publish_kv_events(self, publish: Callable[[EventBatch], None]) -> None:
         """Hand each step's KV events (blocks cached, blocks evicted) to ``publish``."""

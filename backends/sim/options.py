@@ -21,7 +21,12 @@ class SimOptions(Options):
     model: str | None = None
     """Model profile (``qwen2.5-7b``, ``llama-3.1-8b``, ... or a path to a profile YAML)."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
-    """Devices one replica spans (weights and KV split across them)."""
+    """Devices one replica spans (weights and KV split across them); with
+    ``pipeline_parallel_size``, the devices of each stage."""
+    pipeline_parallel_size: int = Field(1, ge=1, le=16)
+    """Pipeline stages one replica spans, each a node of ``tensor_parallel_size`` devices
+    (the layers split across them; vLLM's ``--pipeline-parallel-size``), for a model that
+    does not fit one node."""
     weight_precision: str | None = None
     """Override the model profile's weight precision (``bf16``, ``fp8``, ``int8``, ``int4-awq``, ...)."""
     kv_precision: str | None = None
@@ -62,6 +67,19 @@ class SimOptions(Options):
     ask for fewer, as of a Matryoshka model)."""
     faults: FaultOptions | None = None
     """Injected faults (errors, latency spikes, crashes, hangs), for resilience testing."""
+    prefill_engines: int = Field(0, ge=0, le=64)
+    """A prefill/decode split (disaggregated serving): the endpoint is a unit of this many
+    prefill engines and ``decode_engines`` decode engines, each configured by the options
+    above. A request is prefilled on one prefill engine (the one holding the longest cached
+    prefix, then the least loaded), its KV cache sent over the link, and decoded on the least
+    loaded decode engine. 0: one engine, no split."""
+    decode_engines: int = Field(0, ge=0, le=64)
+    """Decode engines of a prefill/decode split (with ``prefill_engines``)."""
+    kv_transfer_gb_s: float | None = Field(None, gt=0)
+    """Bandwidth of a prefill/decode split's KV transfer, decimal GB/s. Default: every device
+    of a prefill engine sends its share over its own node link (the hardware profile's
+    ``node_link_gb_s`` x the engine's devices), each transfer also paying its
+    ``node_link_latency_us``."""
 
     @model_validator(mode="after")
     def _check(self) -> SimOptions:
@@ -69,6 +87,8 @@ class SimOptions(Options):
             raise ValueError("output_tokens_min must not exceed output_tokens_max")
         if (self.hardware is None) != (self.model is None):
             raise ValueError("give both `hardware` and `model` profiles, or neither")
+        if (self.prefill_engines == 0) != (self.decode_engines == 0):
+            raise ValueError("a prefill/decode split needs both `prefill_engines` and `decode_engines`")
         if self.hardware is not None:
             from shuniu.backends.sim.build import resolve_profiles
 

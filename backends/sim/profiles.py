@@ -72,6 +72,8 @@ __all__ = [
     "load_hardware",
     "load_model",
     "min_tensor_parallel",
+    "pipeline_parallel_problem",
+    "pipeline_split",
     "tensor_parallel_problem",
     "weight_bytes",
 ]
@@ -150,7 +152,18 @@ class HardwareProfile(_Strict):
     """Device-to-device bandwidth as published (bidirectional aggregate per device); the cost
     model uses half of it per direction."""
     max_tensor_parallel: int = Field(8, ge=1)
-    """Most devices one replica may span (devices in a node on the fast link)."""
+    """Most devices one tensor-parallel group may span (devices in a node on the fast link):
+    a replica without pipeline parallelism, or one pipeline stage."""
+    max_pipeline_parallel: int = Field(4, ge=1)
+    """Most pipeline stages one replica may span, each a node of up to
+    ``max_tensor_parallel`` devices (``pipeline_parallel_size``, for a model that does not
+    fit one node). 1: a replica stays within one node."""
+    node_link_gb_s: float = Field(50.0, gt=0)
+    """Bandwidth between nodes per device, decimal GB/s in one direction (a 400 Gb/s
+    InfiniBand or RoCE NIC per device: 50). Pipeline stages pass activations over it."""
+    node_link_latency_us: float = Field(20.0, ge=0)
+    """Latency of one hop between pipeline stages on different nodes (sending a
+    microbatch's activations and receiving them)."""
     compute_efficiency: float = Field(0.6, gt=0, le=1)
     """Fraction of the dense peak FLOP/s an engine reaches on large matmuls."""
     bandwidth_efficiency: float = Field(0.8, gt=0, le=1)
@@ -344,7 +357,9 @@ def kv_bytes_per_token(model: ModelProfile) -> int:
 
 def kv_bytes_per_token_per_device(model: ModelProfile, tp: int = 1) -> int:
     """KV bytes one token takes on each of ``tp`` devices (KV heads split, or replicated when
-    ``tp`` exceeds their number)."""
+    ``tp`` exceeds their number), over all layers: with pipeline parallelism each stage's
+    devices hold their share of the layers, so a replica holds ``tp`` times this per token
+    whatever the number of stages."""
     heads = -(-model.num_kv_heads // tp)
     return 2 * model.num_layers * heads * model.head_dim * _BYTES_PER_KV[model.kv_precision]
 
@@ -386,12 +401,27 @@ def tensor_parallel_problem(model: ModelProfile, tp: int) -> str | None:
     return None
 
 
+def pipeline_parallel_problem(model: ModelProfile, pp: int) -> str | None:
+    """Why ``model`` cannot be split into ``pp`` pipeline stages, or ``None`` (every stage
+    needs at least one layer)."""
+    if pp < 1:
+        return f"pipeline parallel size must be at least 1, not {pp}"
+    if pp > model.num_layers:
+        return f"{model.name or 'the model'} has {model.num_layers} layers, fewer than {pp} pipeline stages"
+    return None
+
+
 def default_overhead_bytes(
-    model: ModelProfile, tp: int = 1, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+    model: ModelProfile,
+    tp: int = 1,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    pp: int = 1,
 ) -> int:
-    """Memory of a replica (all ``tp`` devices) that holds neither weights nor KV: per device
-    1 GiB fixed plus the activation peak of a ``max_num_batched_tokens`` batch (residual,
-    QKV, gate/up and down projections of one layer) and ``max_num_seqs`` rows of FP32 logits."""
+    """Memory of a replica (all ``tp`` x ``pp`` devices) that holds neither weights nor KV:
+    per device 1 GiB fixed plus the activation peak of a ``max_num_batched_tokens`` batch
+    (residual, QKV, gate/up and down projections of one layer) and ``max_num_seqs`` rows of
+    FP32 logits (counted on every stage: a small over-estimate for the stages before the last)."""
     act = 4 if model.weight_precision == "fp32" else 2
     width = (
         2 * model.hidden_size
@@ -400,7 +430,7 @@ def default_overhead_bytes(
     )
     per_device = FIXED_OVERHEAD_PER_DEVICE + max_num_batched_tokens * width * act
     per_device += max_num_seqs * model.vocab_size * 4
-    return tp * per_device
+    return tp * pp * per_device
 
 
 def kv_cache_bytes(
@@ -409,16 +439,18 @@ def kv_cache_bytes(
     tp: int = 1,
     gpu_memory_utilization: float = 0.9,
     overhead_bytes: int | None = None,
+    pp: int = 1,
 ) -> int:
-    """Bytes left for the KV cache on the replica: memory x utilization x tp - weights -
+    """Bytes left for the KV cache on the replica: memory x utilization x tp x pp - weights -
     overhead (``overhead_bytes`` for the whole replica; default :func:`default_overhead_bytes`).
     0 when the weights do not fit. A profile with ``kv_cache_space_gib`` (a CPU) gives that
     size instead, whatever the utilization."""
+    devices = tp * pp
     if hw.kv_cache_space_gib is not None:
-        return int(hw.kv_cache_space_gib * GIB * tp)  # the CPU build's VLLM_CPU_KVCACHE_SPACE
+        return int(hw.kv_cache_space_gib * GIB * devices)  # the CPU build's VLLM_CPU_KVCACHE_SPACE
     if overhead_bytes is None:
-        overhead_bytes = default_overhead_bytes(model, tp)
-    free = hw.memory_bytes * gpu_memory_utilization * tp - weight_bytes(model) - overhead_bytes
+        overhead_bytes = default_overhead_bytes(model, tp, pp=pp)
+    free = hw.memory_bytes * gpu_memory_utilization * devices - weight_bytes(model) - overhead_bytes
     return max(int(free), 0)
 
 
@@ -428,10 +460,11 @@ def kv_cache_tokens(
     tp: int = 1,
     gpu_memory_utilization: float = 0.9,
     overhead_bytes: int | None = None,
+    pp: int = 1,
 ) -> int:
     """Tokens the KV cache of one replica holds: :func:`kv_cache_bytes` over the KV bytes per
     token (per device, so replicated KV heads count). 0 when the weights do not fit."""
-    free = kv_cache_bytes(model, hw, tp, gpu_memory_utilization, overhead_bytes)
+    free = kv_cache_bytes(model, hw, tp, gpu_memory_utilization, overhead_bytes, pp)
     return free // (tp * kv_bytes_per_token_per_device(model, tp))
 
 
@@ -442,9 +475,10 @@ def kv_blocks(
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
     overhead_bytes: int | None = None,
+    pp: int = 1,
 ) -> int:
     """Paged KV blocks of ``block_size`` tokens one replica holds."""
-    return kv_cache_tokens(model, hw, tp, gpu_memory_utilization, overhead_bytes) // block_size
+    return kv_cache_tokens(model, hw, tp, gpu_memory_utilization, overhead_bytes, pp) // block_size
 
 
 def min_tensor_parallel(
@@ -464,6 +498,29 @@ def min_tensor_parallel(
             if kv_cache_tokens(model, hw, tp, gpu_memory_utilization) >= need:
                 return tp
         tp *= 2
+    return None
+
+
+def pipeline_split(
+    model: ModelProfile,
+    hw: HardwareProfile,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+) -> tuple[int, int] | None:
+    """For a model that fits no node (:func:`min_tensor_parallel` is ``None``): the
+    tensor-parallel size of a whole node (the largest power of two up to
+    ``hw.max_tensor_parallel`` that splits the heads) and the fewest pipeline stages (up to
+    ``hw.max_pipeline_parallel``) that hold the weights with room for one sequence of
+    ``max_model_len`` tokens, as ``(tp, pp)``; ``None`` when no split fits."""
+    need = max_model_len if max_model_len is not None else model.max_position
+    tp = 1
+    while tp * 2 <= hw.max_tensor_parallel and tensor_parallel_problem(model, tp * 2) is None:
+        tp *= 2
+    for pp in range(2, hw.max_pipeline_parallel + 1):
+        if pipeline_parallel_problem(model, pp) is not None:
+            break
+        if kv_cache_tokens(model, hw, tp, gpu_memory_utilization, pp=pp) >= need:
+            return tp, pp
     return None
 
 
@@ -491,13 +548,14 @@ class KVReport:
     """KV bytes of one request at full length (input + output tokens, whole blocks)."""
     max_concurrent_seqs: int
     """Requests at full length the KV cache holds at once (capped by ``max_num_seqs``)."""
+    pipeline_parallel: int = 1
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for a table."""
         gib = GIB
         return [
             ("model", f"{self.model} ({self.weight_precision} weights, {self.kv_precision} KV)"),
-            ("hardware", f"{self.tensor_parallel} x {self.hardware}"),
+            ("hardware", f"{self.devices} x {self.hardware}{self._stages()}"),
             ("usable memory", f"{self.memory_bytes / gib:,.1f} GiB"),
             ("weights", f"{self.weight_bytes / gib:,.2f} GiB"),
             ("activations + runtime", f"{self.overhead_bytes / gib:,.2f} GiB"),
@@ -511,6 +569,16 @@ class KVReport:
             ),
             ("max concurrent sequences", f"{self.max_concurrent_seqs:,}"),
         ]
+
+    @property
+    def devices(self) -> int:
+        """Devices of the replica (tensor parallel x pipeline parallel)."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def _stages(self) -> str:
+        if self.pipeline_parallel == 1:
+            return ""
+        return f" (TP {self.tensor_parallel} x PP {self.pipeline_parallel})"
 
     def __str__(self) -> str:
         width = max(len(k) for k, _ in self.rows())
@@ -528,11 +596,12 @@ def kv_report(
     gpu_memory_utilization: float = 0.9,
     max_num_seqs: int | None = None,
     overhead_bytes: int | None = None,
+    pp: int = 1,
 ) -> KVReport:
     """The KV arithmetic of one replica for requests of ``input_tokens`` + ``output_tokens``."""
     if overhead_bytes is None:
-        overhead_bytes = default_overhead_bytes(model, tp)
-    tokens = kv_cache_tokens(model, hw, tp, gpu_memory_utilization, overhead_bytes)
+        overhead_bytes = default_overhead_bytes(model, tp, pp=pp)
+    tokens = kv_cache_tokens(model, hw, tp, gpu_memory_utilization, overhead_bytes, pp)
     blocks = tokens // block_size
     per_token = tp * kv_bytes_per_token_per_device(model, tp)
     request_blocks = max(-(-(input_tokens + output_tokens) // block_size), 1)
@@ -545,10 +614,10 @@ def kv_report(
         tensor_parallel=tp,
         weight_precision=model.weight_precision,
         kv_precision=model.kv_precision,
-        memory_bytes=int(hw.memory_bytes * gpu_memory_utilization * tp),
+        memory_bytes=int(hw.memory_bytes * gpu_memory_utilization * tp * pp),
         weight_bytes=weight_bytes(model),
         overhead_bytes=overhead_bytes,
-        kv_cache_bytes=kv_cache_bytes(model, hw, tp, gpu_memory_utilization, overhead_bytes),
+        kv_cache_bytes=kv_cache_bytes(model, hw, tp, gpu_memory_utilization, overhead_bytes, pp),
         kv_bytes_per_token=per_token,
         kv_cache_tokens=tokens,
         block_size=block_size,
@@ -557,6 +626,7 @@ def kv_report(
         output_tokens=output_tokens,
         kv_bytes_per_request=request_blocks * block_size * per_token,
         max_concurrent_seqs=concurrent,
+        pipeline_parallel=pp,
     )
 
 

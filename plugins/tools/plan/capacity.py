@@ -21,7 +21,7 @@ from shuniu.core.contracts import TokenMix
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.traffic import Slo, Workload, describe
 from shuniu.plugins.tools.plan.deployment import sim_deployment_text
-from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_load
+from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_work
 from shuniu.plugins.tools.simulate import simulate
 
 __all__ = ["MIN_REQUESTS", "mix_workload", "replica_capacity"]
@@ -78,16 +78,18 @@ def _first_guess(engine: Mapping[str, Any], workload: Workload, slo: Slo) -> flo
 
     model, hw = load_model(engine["model"]), load_hardware(engine["hardware"])
     tp = int(engine.get("tensor_parallel_size", 1))
+    pp = int(engine.get("pipeline_parallel_size", 1))
     util = float(engine.get("gpu_memory_utilization", 0.9))
     desc = describe(workload)
-    load = replica_load(
-        CostModel(model, hw, tp),
+    decode, prefill = replica_work(
+        CostModel(model, hw, tp, pp),
         desc,
         fresh_tokens_rate(workload, desc),
-        kv_cache_tokens(model, hw, tp, util),
+        kv_cache_tokens(model, hw, tp, util, pp=pp),
         int(engine.get("max_num_seqs", 256)),
         slo.itl_p99_s,
     )
+    load = decode + prefill
     rate = desc["request_rate"]
     return rate / load if load > 0 else 1.0
 

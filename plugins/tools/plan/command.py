@@ -93,6 +93,21 @@ class _Bar(PlanReporter):
     "(default: the smallest that fits and the next two powers of two).",
 )
 @click.option(
+    "--prefill-decode",
+    default=None,
+    help="Prefill/decode splits to try: auto (default: 1:1, 1:2, 2:1 and 1:3 units besides none, "
+    "when the prompt tokens to compute are 4x the answer tokens), off, or comma-separated P:D "
+    "units (off among them: also no split).",
+)
+@click.option(
+    "--pipeline-parallel-size",
+    "-pp",
+    type=int,
+    default=None,
+    help="Plan only this many pipeline stages, each a node of --tensor-parallel-size devices "
+    "(default: 1, or the fewest that hold a model that fits no node).",
+)
+@click.option(
     "--balancer",
     default=None,
     help="Balancer policy, or several comma-separated to choose from "
@@ -180,6 +195,8 @@ def plan_command(
     seed: int,
     max_replicas: int,
     tensor_parallel_size: int | None,
+    pipeline_parallel_size: int | None,
+    prefill_decode: str | None,
     balancer: str | None,
     weight_precision: str | None,
     kv_precision: str | None,
@@ -233,6 +250,8 @@ def plan_command(
                 seed=seed,
                 max_replicas=max_replicas,
                 tensor_parallel_size=tensor_parallel_size,
+                pipeline_parallel_size=pipeline_parallel_size,
+                prefill_decode=prefill_decode,
                 balancer=balancer,
                 weight_precision=weight_precision,
                 kv_precision=kv_precision,

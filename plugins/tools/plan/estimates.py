@@ -7,7 +7,7 @@ from typing import Any
 
 from shuniu.core.traffic import Workload
 
-__all__ = ["PREFILL_CHUNK", "fresh_tokens_rate", "replica_load"]
+__all__ = ["PREFILL_CHUNK", "fresh_tokens_rate", "replica_work"]
 
 PREFILL_CHUNK = 2048
 """Prompt tokens per iteration used to price prefill in the starting guess."""
@@ -41,20 +41,21 @@ def fresh_tokens_rate(workload: Workload, desc: dict[str, Any]) -> float:
     return total
 
 
-def replica_load(
+def replica_work(
     cm: Any,
     desc: dict[str, Any],
     fresh_rate: float,
     kv_tokens: int,
     max_num_seqs: int,
     itl_target: float | None,
-) -> float:
-    """Replica-equivalents of work the workload brings at this TP size: decode at the largest
-    batch whose iteration fits the ITL target and the KV cache, plus prefill of the fresh
-    prompt tokens. Queueing is ignored, so this is optimistic."""
+) -> tuple[float, float]:
+    """Replica-equivalents of work the workload brings at this TP size, as (decode, prefill):
+    decode at the largest batch whose iteration fits the ITL target and the KV cache, and
+    prefill of the fresh prompt tokens (a replica takes both; the engines of a prefill/decode
+    split take one each). Queueing is ignored, so this is optimistic."""
     rate = desc["request_rate"]
     if rate <= 0:
-        return 0.0
+        return 0.0, 0.0
     mean_in, mean_out = desc["mean_input_tokens"], desc["mean_output_tokens"]
     ctx = max(1, round(mean_in + mean_out / 2))
     bmax = max(1, min(max_num_seqs, int(kv_tokens // max(1.0, mean_in + mean_out))))
@@ -70,4 +71,4 @@ def replica_load(
         batch = lo
     decode = rate * mean_out * cm.decode_time(batch, ctx) / batch
     prefill = fresh_rate * cm.prefill_time(PREFILL_CHUNK) / PREFILL_CHUNK
-    return decode + prefill
+    return decode, prefill

@@ -16,9 +16,10 @@ from shuniu.core.errors import ConfigError, Problem
 from shuniu.core.plugin_manager import PluginManager, load_plugins
 from shuniu.core.traffic import Slo, Workload, describe, load_workload
 from shuniu.plugins.tools.plan.deployment import check_deployment
+from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate
 from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, PlanResult
 from shuniu.plugins.tools.plan.search import Planner
-from shuniu.plugins.tools.plan.shapes import Shape, Space
+from shuniu.plugins.tools.plan.shapes import PREFILL_HEAVY, SPLITS, Shape, Space
 from shuniu.plugins.tools.plan.steady import warmup_s
 from shuniu.plugins.tools.plan.workers import trial_pool
 
@@ -65,6 +66,32 @@ def _split(values: str | list[str] | None) -> list[str] | None:
     return out or None
 
 
+def _splits(
+    value: str | list[str] | None, fresh_tokens: float, output_tokens: float
+) -> list[tuple[int, int]]:
+    """The prefill/decode splits to try: ``auto`` (the default) tries :data:`SPLITS` besides
+    none for a workload whose prompts bring :data:`PREFILL_HEAVY` times more tokens to compute
+    (those no prefix cache holds, ``fresh_tokens`` per request) than its answers; ``off``
+    tries none; else the listed ``P:D`` units (``off`` among them keeps no split)."""
+    items = _split(value) or ["auto"]
+    if items == ["auto"]:
+        heavy = fresh_tokens >= PREFILL_HEAVY * max(output_tokens, 1.0)
+        return [(0, 0), *SPLITS] if heavy else [(0, 0)]
+    out: list[tuple[int, int]] = []
+    for item in items:
+        if item == "off":
+            out.append((0, 0))
+            continue
+        p, sep, d = item.partition(":")
+        if not (sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
+            raise PlanError(
+                [Problem("--prefill-decode", f"expected auto, off or P:D units such as 1:2, not {item!r}")],
+                "options",
+            )
+        out.append((int(p), int(d)))
+    return list(dict.fromkeys(out))
+
+
 def plan(
     model: str,
     hardware: str,
@@ -75,6 +102,8 @@ def plan(
     seed: int = 0,
     max_replicas: int = DEFAULT_MAX_REPLICAS,
     tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    prefill_decode: str | list[str] | None = None,
     balancer: str | list[str] | None = None,
     goodput: float | None = None,
     ttft_p99: float | None = None,
@@ -97,6 +126,8 @@ def plan(
 
     ``model`` and ``hardware`` are profile names or paths. A knob given here is pinned (a list
     or comma-separated string: searched among those values): ``tensor_parallel_size``,
+    ``pipeline_parallel_size`` (otherwise above 1 only for a model that fits no node),
+    ``prefill_decode`` (``auto``, ``off`` or ``P:D`` units: prefill/decode splits),
     ``balancer``, ``max_num_seqs``, ``max_num_batched_tokens``, ``weight_precision``,
     ``kv_precision`` (a precision in ``model``'s ``@`` suffix pins it too),
     ``prefix_caching``. ``price``: of one device-hour (default: the hardware profile's).
@@ -189,6 +220,7 @@ def plan(
         util=gpu_memory_utilization,
         max_model_len=max_model_len,
         tensor_parallel=tensor_parallel_size,
+        pipeline_parallel=pipeline_parallel_size,
         weight_precisions=weights,
         kv_precisions=kvs,
         chunks=chunk_list,
@@ -196,6 +228,11 @@ def plan(
         prefix_caching=prefix_caching,
         balancers=_split(balancer),
         shared_prefixes=shared,
+        splits=_splits(
+            prefill_decode,
+            fresh_tokens_rate(workload, desc) / max(desc["request_rate"], 1e-9),
+            desc["mean_output_tokens"],
+        ),
     )
     plugins = plugins or load_plugins()
     unit_price = price if price is not None else hw.price_per_hour
@@ -244,6 +281,7 @@ def plan(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         tp=shape.tensor_parallel,
+        pp=shape.pipeline_parallel,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=shape.max_num_seqs,
     )
@@ -274,7 +312,8 @@ def plan(
         seed=seed,
         balancer=shape.balancer,
         max_replicas=max_replicas,
-        tensor_parallel_sizes=sizes if isinstance(sizes, list) else [],
+        tensor_parallel_sizes=[tp for tp, _ in sizes] if isinstance(sizes, list) else [],
+        pipeline_parallel=shape.pipeline_parallel,
         recommendation=best,
         tried=planner.tried,
         kv=report,
@@ -297,7 +336,8 @@ def _decode_batch(planner: Planner, space: Space, desc: dict[str, Any], itl: flo
     sizes = space.tp_sizes(*space.precisions[0])
     if not isinstance(sizes, list):
         return 32
-    probe = Shape(sizes[0], *space.precisions[0], space.chunks[0], 256, True, space.balancers[0])
+    tp, pp = sizes[0]
+    probe = Shape(tp, *space.precisions[0], space.chunks[0], 256, True, space.balancers[0], pp)
     replicas = planner.guess(probe)
     cm = space.cost_model(probe)
     ctx = max(1, round(desc["mean_input_tokens"] + desc["mean_output_tokens"] / 2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuniu.plugins.tools.plan.results import PlanResult
+from shuniu.plugins.tools.plan.results import PlanResult, Trial
 
 __all__ = ["print_plan", "secs"]
 
@@ -33,6 +33,19 @@ def _slo_text(result: PlanResult) -> str:
 def _num(value: float) -> str:
     """Three significant digits, thousands separated."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _replicas(rec: Trial) -> str:
+    """``3 replicas x TP 8``, ``2 replicas x TP 8 x PP 2``, ``2 units of 1 prefill + 2 decode
+    engines x TP 4``."""
+    parallel = f"TP {rec.tensor_parallel}"
+    if rec.pipeline_parallel > 1:
+        parallel += f" x PP {rec.pipeline_parallel}"
+    p, d = rec.config.get("prefill_engines", 0), rec.config.get("decode_engines", 0)
+    if p:
+        units = "unit" if rec.replicas == 1 else "units"
+        return f"{rec.replicas} {units} of {p} prefill + {d} decode engines x {parallel}"
+    return f"{rec.replicas} replica{'s' if rec.replicas != 1 else ''} x {parallel}"
 
 
 def _money(result: PlanResult, cost: float) -> str:
@@ -75,7 +88,8 @@ def print_plan(result: PlanResult, console: Any) -> None:
         table.add_column(name, justify="left" if name in ("run", "configuration") else "right", no_wrap=True)
     table.add_column("met", overflow="fold", min_width=12)
     table.caption = (
-        "repl: replicas; dev: devices (replicas x TP); cost: per hour"
+        "repl: replicas (units of a prefill/decode split, 1P2D: one prefill and two decode engines); "
+        "dev: devices (replicas x engines x TP x PP); cost: per hour"
         + (" (devices: no price known)" if result.price_per_hour is None else "")
         + "; sim s: simulated seconds of arrivals; chunk: max_num_batched_tokens; seqs: max_num_seqs"
     )
@@ -140,8 +154,7 @@ def print_plan(result: PlanResult, console: Any) -> None:
     if rec is not None:
         price = "" if result.price_per_hour is None else f" ({_money(result, rec.cost_per_hour)})"
         console.print(
-            f"[bold]Recommendation:[/] {rec.replicas} replica{'s' if rec.replicas != 1 else ''} x TP "
-            f"{rec.tensor_parallel} = [bold]{rec.devices} x {result.hardware}[/]{price}, "
+            f"[bold]Recommendation:[/] {_replicas(rec)} = [bold]{rec.devices} x {result.hardware}[/]{price}, "
             f"{rec.label} — TTFT p99 {secs(rec.ttft_p99)}, ITL p99 {secs(rec.itl_p99)}"
             + ("" if rec.goodput is None else f", goodput {rec.goodput:.1%}")
             + f" over {rec.duration_s:,.0f} simulated seconds (seed {rec.seed})",
@@ -172,7 +185,7 @@ def print_plan(result: PlanResult, console: Any) -> None:
         f"max_num_seqs {result.max_num_seqs:,})",
     )
     kv_table = Table(
-        title=f"KV memory of one replica (TP {kv.tensor_parallel}) at the workload's mean lengths",
+        title=f"KV memory of one replica ({kv.devices} devices) at the workload's mean lengths",
         title_justify="left",
         show_header=False,
     )

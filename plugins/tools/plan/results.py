@@ -65,10 +65,14 @@ class Trial:
     stopped_at: float | None = None
     """When the run stopped because its miss was settled (its latencies are those of the
     run so far, so lower than a full run's); ``None``: it ran to its end."""
+    pipeline_parallel: int = 1
+    """Pipeline stages of each replica (each a node of ``tensor_parallel`` devices)."""
+    engines: int = 1
+    """Engines of each replica: a unit of a prefill/decode split has several."""
 
     @property
     def devices(self) -> int:
-        return self.tensor_parallel * self.replicas
+        return self.tensor_parallel * self.pipeline_parallel * self.engines * self.replicas
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "devices": self.devices}
@@ -132,6 +136,9 @@ class PlanResult:
     recommendation is quantized."""
     warmup_s: float = 0.0
     """Seconds the workload's load grows before it settles (trials run past it)."""
+    pipeline_parallel: int = 1
+    """Pipeline stages of a replica at the recommended split (above 1 only for a model that
+    fits no node)."""
 
     @property
     def met(self) -> bool:
@@ -155,6 +162,7 @@ class PlanResult:
             "balancer": self.balancer,
             "max_replicas": self.max_replicas,
             "tensor_parallel_sizes": self.tensor_parallel_sizes,
+            "pipeline_parallel_size": self.pipeline_parallel,
             "met": self.met,
             "price_per_hour": self.price_per_hour,
             "warmup_s": self.warmup_s,
@@ -163,6 +171,9 @@ class PlanResult:
             if rec is None
             else {
                 "tensor_parallel_size": rec.tensor_parallel,
+                "pipeline_parallel_size": rec.pipeline_parallel,
+                "prefill_engines": rec.config.get("prefill_engines", 0),
+                "decode_engines": rec.config.get("decode_engines", 0),
                 "replicas": rec.replicas,
                 "devices": rec.devices,
                 "config": rec.config,

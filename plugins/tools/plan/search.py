@@ -54,7 +54,7 @@ from shuniu.core.errors import Problem
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.traffic import Workload
 from shuniu.plugins.tools.plan.deployment import DEPLOYMENT_SOURCE, sim_deployment_text
-from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_load
+from shuniu.plugins.tools.plan.estimates import fresh_tokens_rate, replica_work
 from shuniu.plugins.tools.plan.report import secs
 from shuniu.plugins.tools.plan.results import PlanError, PlanReporter, Rejection, Trial
 from shuniu.plugins.tools.plan.shapes import DIMENSIONS, Shape, Space, quality_loss
@@ -156,7 +156,7 @@ class Planner:
 
     def cost(self, shape: Shape, replicas: int) -> float:
         """What ``replicas`` of ``shape`` cost per hour (devices, without a price)."""
-        return replicas * shape.tensor_parallel * (self.price if self.price is not None else 1.0)
+        return replicas * shape.devices * (self.price if self.price is not None else 1.0)
 
     def cheaper_than(self, shape: Shape, cost: float) -> int:
         """The most replicas of ``shape`` that cost less than ``cost``."""
@@ -165,10 +165,15 @@ class Planner:
     def load(self, shape: Shape) -> float:
         """Replica-equivalents of work at this shape (the roofline guess; optimistic)."""
         model = self.space.model_at(shape.weight_precision, shape.kv_precision)
-        kv = kv_cache_tokens(model, self.space.hw, shape.tensor_parallel, self.space.util)
+        kv = kv_cache_tokens(
+            model, self.space.hw, shape.tensor_parallel, self.space.util, pp=shape.pipeline_parallel
+        )
         itl = self.slo.itl_p99_s if self.slo.itl_p99_s is not None else self.slo.request_thresholds[1]
         cm = self.space.cost_model(shape)
-        return replica_load(cm, self.desc, self.fresh_rate, kv, shape.max_num_seqs, itl)
+        decode, prefill = replica_work(cm, self.desc, self.fresh_rate, kv, shape.max_num_seqs, itl)
+        if shape.prefill_engines:  # units: each engine takes one part
+            return max(prefill / shape.prefill_engines, decode / shape.decode_engines)
+        return decode + prefill
 
     def judge(self, s: dict[str, Any], margin: float = 1.0) -> tuple[list[str], float]:
         """Why a run's summary misses the SLO (empty: it meets it), and its worst ratio of a
@@ -295,6 +300,8 @@ class Planner:
         trial = Trial(
             phase=phase,
             tensor_parallel=shape.tensor_parallel,
+            pipeline_parallel=shape.pipeline_parallel,
+            engines=shape.engines,
             replicas=replicas,
             duration_s=horizon,
             rate_scale=scale,
@@ -680,7 +687,7 @@ class Planner:
     def rank(self, shape: Shape, replicas: int) -> tuple[float, int, int]:
         """What orders configurations before their latency: cost, devices, quality loss."""
         cost = round(self.cost(shape, replicas), 6)
-        return (cost, replicas * shape.tensor_parallel, self.loss(shape.to_dict()))
+        return (cost, replicas * shape.devices, self.loss(shape.to_dict()))
 
     def trial_rank(self, trial: Trial) -> tuple[float, int, int]:
         """:meth:`rank` of a trial's configuration and count."""

@@ -1,4 +1,5 @@
-"""The engine configurations (*shapes*) a plan chooses between: tensor-parallel size, weight
+"""The engine configurations (*shapes*) a plan chooses between: tensor-parallel size (and
+pipeline stages, for a model that fits no node), weight
 and KV precision, the iteration token budget (``max_num_batched_tokens``, which is the prefill
 chunk size), ``max_num_seqs``, prefix caching and the pool's balancer; and the
 :class:`Space` of values each knob may take, with the checks that a shape fits the hardware.
@@ -14,14 +15,16 @@ from typing import Any
 
 from shuniu.backends.sim import CostModel, HardwareProfile, ModelProfile, load_model
 from shuniu.core.errors import Problem
-from shuniu.plugins.tools.plan.candidates import tp_candidates
+from shuniu.plugins.tools.plan.candidates import Split, tp_candidates
 from shuniu.plugins.tools.plan.results import PlanError
 
 __all__ = [
     "CHUNK_SIZES",
     "DIMENSIONS",
     "MAX_NUM_SEQS",
+    "PREFILL_HEAVY",
     "QUALITY",
+    "SPLITS",
     "WEIGHT_LOSS",
     "Shape",
     "Space",
@@ -36,6 +39,7 @@ DIMENSIONS = (
     "precision",
     "max_num_seqs",
     "prefix_caching",
+    "disaggregation",
 )
 """The knobs, in the order a plan varies them (the cheapest to try and the most telling first)."""
 
@@ -45,6 +49,15 @@ chunks keep decode iterations short (ITL), large ones prefill faster (TTFT, thro
 
 MAX_NUM_SEQS = (64, 128, 256, 512)
 """``max_num_seqs`` values tried."""
+
+SPLITS = ((1, 1), (1, 2), (2, 1), (1, 3))
+"""Prefill/decode splits tried, as (prefill engines, decode engines) per unit, besides no
+split (:data:`PREFILL_HEAVY` says when)."""
+
+PREFILL_HEAVY = 4.0
+"""The search tries prefill/decode splits (by default) when the prompt tokens to compute
+(those no prefix cache holds) are at least this many times the answer's: prefills then stall
+decode iterations the most, which a split removes."""
 
 BALANCERS_SHARED = ("prefix_affinity", "least_load", "round_robin")
 """Built-in balancers tried for workloads whose prompts share prefixes (the first is the start)."""
@@ -101,6 +114,38 @@ class Shape:
     prefix_caching: bool
     balancer: str
     """The pool's balancer policy."""
+    pipeline_parallel: int = 1
+    """Pipeline stages of a replica, each a node of ``tensor_parallel`` devices (above 1 only
+    for a model that fits no node)."""
+    prefill_engines: int = 0
+    """With a prefill/decode split, the prefill engines of each unit (a replica is then a
+    unit of ``prefill_engines`` + ``decode_engines`` engines); 0: no split."""
+    decode_engines: int = 0
+
+    @property
+    def engines(self) -> int:
+        """Engines of one replica (a unit of a prefill/decode split has several)."""
+        return self.prefill_engines + self.decode_engines or 1
+
+    @property
+    def devices(self) -> int:
+        """Devices one replica spans."""
+        return self.tensor_parallel * self.pipeline_parallel * self.engines
+
+    @property
+    def disaggregation(self) -> str:
+        """``1P2D`` for one prefill and two decode engines per unit; empty without a split."""
+        return f"{self.prefill_engines}P{self.decode_engines}D" if self.prefill_engines else ""
+
+    @property
+    def split(self) -> Split:
+        return self.tensor_parallel, self.pipeline_parallel
+
+    @property
+    def parallel(self) -> str:
+        """``TP 8``, or ``TP 8 x PP 2`` with pipeline stages."""
+        pp = f" x PP {self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        return f"TP {self.tensor_parallel}{pp}"
 
     def options(self, hardware: str, model: str, util: float) -> dict[str, Any]:
         """The ``sim`` backend options of one replica."""
@@ -108,6 +153,12 @@ class Shape:
             "hardware": hardware,
             "model": model,
             "tensor_parallel_size": self.tensor_parallel,
+            **({"pipeline_parallel_size": self.pipeline_parallel} if self.pipeline_parallel > 1 else {}),
+            **(
+                {"prefill_engines": self.prefill_engines, "decode_engines": self.decode_engines}
+                if self.prefill_engines
+                else {}
+            ),
             "weight_precision": self.weight_precision,
             "kv_precision": self.kv_precision,
             "gpu_memory_utilization": util,
@@ -122,9 +173,11 @@ class Shape:
 
     def label(self) -> str:
         """Every knob, briefly: ``TP 8 bf16/kv bf16 chunk 256 seqs 256 cache prefix_affinity``."""
+        cache = "cache" if self.prefix_caching else "no-cache"
+        split = f" {self.disaggregation}" if self.prefill_engines else ""
         return (
-            f"TP {self.tensor_parallel} {self.precision} chunk {self.max_num_batched_tokens} "
-            f"seqs {self.max_num_seqs} {'cache' if self.prefix_caching else 'no-cache'} {self.balancer}"
+            f"{self.parallel} {self.precision} chunk {self.max_num_batched_tokens} "
+            f"seqs {self.max_num_seqs} {cache} {self.balancer}{split}"
         )
 
     def change(self, other: Shape) -> str:
@@ -134,14 +187,18 @@ class Shape:
             parts.append(f"balancer {self.balancer}")
         if self.max_num_batched_tokens != other.max_num_batched_tokens:
             parts.append(f"chunk {self.max_num_batched_tokens}")
-        if self.tensor_parallel != other.tensor_parallel:
-            parts.append(f"TP {self.tensor_parallel}")
+        if self.split != other.split:
+            parts.append(self.parallel)
         if self.precision != other.precision:
             parts.append(self.precision)
         if self.max_num_seqs != other.max_num_seqs:
             parts.append(f"max_num_seqs {self.max_num_seqs}")
         if self.prefix_caching != other.prefix_caching:
             parts.append("prefix caching " + ("on" if self.prefix_caching else "off"))
+        if (self.prefill_engines, self.decode_engines) != (other.prefill_engines, other.decode_engines):
+            parts.append(
+                f"prefill/decode {self.disaggregation}" if self.prefill_engines else "no prefill/decode split"
+            )
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +226,8 @@ class Space:
         prefix_caching: bool | None,
         balancers: list[str] | None,
         shared_prefixes: bool,
+        pipeline_parallel: int | None = None,
+        splits: list[tuple[int, int]] | None = None,
     ) -> None:
         self.model = model
         self.model_spec = model_spec
@@ -176,6 +235,7 @@ class Space:
         self.util = util
         self.max_model_len = max_model_len
         self.pinned_tp = tensor_parallel
+        self.pinned_pp = pipeline_parallel
         fp8 = hw.peak_flops("fp8") is not None
         native_w, native_kv = model.weight_precision, model.kv_precision
         self.native = (native_w, native_kv)
@@ -186,9 +246,11 @@ class Space:
         self.seqs = sorted(max_num_seqs or MAX_NUM_SEQS)
         self.caching = [prefix_caching] if prefix_caching is not None else [True, False]
         self.balancers = balancers or list(BALANCERS_SHARED if shared_prefixes else BALANCERS_PLAIN)
+        self.splits = [(0, 0)] if splits is None else splits
+        """Prefill/decode splits the search may use, ``(0, 0)`` for none (the first is the start)."""
         self._models: dict[tuple[str, str], ModelProfile] = {}
-        self._tp: dict[tuple[str, str], list[int] | Problem] = {}
-        self._cost: dict[tuple[int, str, str], CostModel] = {}
+        self._tp: dict[tuple[str, str], list[Split] | Problem] = {}
+        self._cost: dict[tuple[Split, str, str], CostModel] = {}
         if not any(isinstance(self.tp_sizes(w, kv), list) for w, kv in self.precisions):
             # Nothing fits: report the native precision's reason (with its advice).
             reason = self._tp[self.precisions[0]]
@@ -201,23 +263,29 @@ class Space:
             self._models[key] = load_model(self.model_spec, weight_precision=weight, kv_precision=kv)
         return self._models[key]
 
-    def tp_sizes(self, weight: str, kv: str) -> list[int] | Problem:
-        """The tensor-parallel sizes that hold the model at these precisions, or why none does."""
+    def tp_sizes(self, weight: str, kv: str) -> list[Split] | Problem:
+        """The splits (tensor parallel, pipeline parallel) that hold the model at these
+        precisions, or why none does."""
         key = (weight, kv)
         if key not in self._tp:
             try:
                 self._tp[key] = tp_candidates(
-                    self.model_at(weight, kv), self.hw, self.util, self.max_model_len, self.pinned_tp
+                    self.model_at(weight, kv),
+                    self.hw,
+                    self.util,
+                    self.max_model_len,
+                    self.pinned_tp,
+                    self.pinned_pp,
                 )
             except PlanError as exc:
                 self._tp[key] = exc.problems[0]
         return self._tp[key]
 
     def cost_model(self, shape: Shape) -> CostModel:
-        key = (shape.tensor_parallel, shape.weight_precision, shape.kv_precision)
+        key = (shape.split, shape.weight_precision, shape.kv_precision)
         if key not in self._cost:
             model = self.model_at(shape.weight_precision, shape.kv_precision)
-            self._cost[key] = CostModel(model, self.hw, shape.tensor_parallel)
+            self._cost[key] = CostModel(model, self.hw, shape.tensor_parallel, shape.pipeline_parallel)
         return self._cost[key]
 
     def quality(self, shape: Shape) -> str | None:
@@ -235,24 +303,30 @@ class Space:
                 break
         assert isinstance(sizes, list)
         seqs = min(self.seqs, key=lambda n: (abs(n - 256), n))
-        shape = Shape(sizes[0], w, kv, self.chunks[-1], seqs, self.caching[0], self.balancers[0])
+        tp, pp = sizes[0]
+        p, d = self.splits[0]
+        shape = Shape(tp, w, kv, self.chunks[-1], seqs, self.caching[0], self.balancers[0], pp, p, d)
         if itl_target is None:
             return self.valid(shape) or shape
 
-        def fits(tp: int, chunk: int) -> bool:
-            cm = self.cost_model(dataclasses.replace(shape, tensor_parallel=tp))
+        def fits(split: Split, chunk: int) -> bool:
+            cm = self.cost_model(
+                dataclasses.replace(shape, tensor_parallel=split[0], pipeline_parallel=split[1])
+            )
             step = cm.step_time(chunk, chunk * chunk / 2, decode_batch, decode_batch * 1024)
             return step <= 0.9 * itl_target
 
-        tp = next((t for t in sizes if fits(t, self.chunks[0])), sizes[-1])
-        chunk = max((c for c in self.chunks if fits(tp, c)), default=self.chunks[0])
-        shape = dataclasses.replace(shape, tensor_parallel=tp, max_num_batched_tokens=chunk)
+        split = next((t for t in sizes if fits(t, self.chunks[0])), sizes[-1])
+        chunk = max((c for c in self.chunks if fits(split, c)), default=self.chunks[0])
+        shape = dataclasses.replace(
+            shape, tensor_parallel=split[0], pipeline_parallel=split[1], max_num_batched_tokens=chunk
+        )
         return self.valid(shape) or shape
 
     def valid(self, shape: Shape) -> Shape | None:
         """``shape`` if it can run (vLLM wants a token budget of at least ``max_num_seqs``)."""
         sizes = self.tp_sizes(shape.weight_precision, shape.kv_precision)
-        if not isinstance(sizes, list) or shape.tensor_parallel not in sizes:
+        if not isinstance(sizes, list) or shape.split not in sizes:
             return None
         if shape.max_num_batched_tokens < shape.max_num_seqs:
             return None
@@ -269,9 +343,14 @@ class Space:
             out = [replace(shape, max_num_seqs=n) for n in self.seqs]
         elif dimension == "prefix_caching":
             out = [replace(shape, prefix_caching=c) for c in self.caching]
+        elif dimension == "disaggregation":
+            out = [replace(shape, prefill_engines=p, decode_engines=d) for p, d in self.splits]
         elif dimension == "tensor_parallel":
             sizes = self.tp_sizes(shape.weight_precision, shape.kv_precision)
-            out = [replace(shape, tensor_parallel=t) for t in sizes] if isinstance(sizes, list) else []
+            if isinstance(sizes, list):
+                out = [replace(shape, tensor_parallel=t, pipeline_parallel=p) for t, p in sizes]
+            else:
+                out = []
         elif dimension == "precision":
             out = []
             for w, kv in self.precisions:
@@ -280,9 +359,17 @@ class Space:
                     continue
                 # at the same TP size where it fits, and at the smallest that does (a lower
                 # precision often fits on fewer devices)
-                for tp in dict.fromkeys((shape.tensor_parallel, sizes[0])):
-                    if tp in sizes:
-                        out.append(replace(shape, weight_precision=w, kv_precision=kv, tensor_parallel=tp))
+                for tp, pp in dict.fromkeys((shape.split, sizes[0])):
+                    if (tp, pp) in sizes:
+                        out.append(
+                            replace(
+                                shape,
+                                weight_precision=w,
+                                kv_precision=kv,
+                                tensor_parallel=tp,
+                                pipeline_parallel=pp,
+                            )
+                        )
         else:
             raise ValueError(f"unknown dimension {dimension!r}")
         return [s for s in out if s != shape and self.valid(s) is not None]

@@ -231,6 +231,13 @@ def _report(exc: ConfigError) -> None:
 )
 @click.option("--tensor-parallel-size", "-tp", type=int, default=None, help="Devices one engine spans.")
 @click.option(
+    "--pipeline-parallel-size",
+    "-pp",
+    type=int,
+    default=None,
+    help="Pipeline stages (nodes of --tensor-parallel-size devices) one engine spans.",
+)
+@click.option(
     "--served-model-name",
     multiple=True,
     help="Name clients use (repeat for aliases; the first is reported in metrics). "
@@ -283,6 +290,7 @@ def serve_command(
     hardware: str | None,
     model: str | None,
     tensor_parallel_size: int | None,
+    pipeline_parallel_size: int | None,
     served_model_name: tuple[str, ...],
     tokenizer: str | None,
     host: str,
@@ -315,6 +323,7 @@ def serve_command(
         "hardware": hardware,
         "model": model,
         "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "max_model_len": max_model_len,

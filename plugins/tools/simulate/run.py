@@ -77,10 +77,11 @@ async def _run(
         await gw.start()
     gateway = gateways[0]
     itl = [  # the engines' own inter-token gaps, for the stop rule
-        ep.backend.engine.core.itl
+        core.itl
         for pool in gateway.pools.values()
         for ep in pool.endpoints
         if isinstance(ep.backend, SimBackend)
+        for core in ep.backend.engine.output_cores
     ]
     inflight: set[asyncio.Task[None]] = set()
     homes: dict[str, int] = {}
@@ -241,19 +242,28 @@ async def _run(
         progress(loop.time(), n)
     for pool in gateway.pools.values():
         for ep in pool.endpoints:
-            core = ep.backend.engine.core
-            result.generated_tokens += core.generated_tokens
-            result.prompt_tokens += core.prompt_tokens
-            result.prefix_queries += core.prefix_queries
-            result.prefix_hits += core.prefix_hits
-            result.preemptions += core.preemptions
-            result.itl.merge(core.itl)
+            engine = ep.backend.engine
+            completed = generated = queries = hits = preemptions = 0
+            for core in engine.output_cores:
+                completed += core.completed
+                generated += core.generated_tokens
+                result.itl.merge(core.itl)
+            for core in engine.prompt_cores:
+                result.prompt_tokens += core.prompt_tokens
+                queries += core.prefix_queries
+                hits += core.prefix_hits
+            for core in engine.cores:
+                preemptions += core.preemptions
+            result.generated_tokens += generated
+            result.prefix_queries += queries
+            result.prefix_hits += hits
+            result.preemptions += preemptions
             result.per_endpoint[ep.name] = {  # the engines are shared: gateway 0's view
-                "completed": core.completed,
-                "generated_tokens": core.generated_tokens,
-                "prefix_hit_rate": core.prefix_hits / core.prefix_queries if core.prefix_queries else 0.0,
-                "preemptions": core.preemptions,
-                "busy_share": ep.backend.engine.busy_time / result.sim_time_s if result.sim_time_s else 0.0,
+                "completed": completed,
+                "generated_tokens": generated,
+                "prefix_hit_rate": hits / queries if queries else 0.0,
+                "preemptions": preemptions,
+                "busy_share": engine.busy_time / result.sim_time_s if result.sim_time_s else 0.0,
             }
             served = result.endpoint_latency.get(ep.name)
             if served is not None:
