@@ -29,7 +29,7 @@ from shuniu.core.api.openai import StreamEncoder, parse_request
 from shuniu.core.contracts import EndpointSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instant_upstream import build_response  # noqa: E402
+from instant_upstream import build_response
 
 
 def sse_body(body: bytes) -> bytes:
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name in times:
             times[name].append(one_round(body, events, args.streams, name == "forwarded"))
-    table = Table(title=f"SSE path, CPU per event ({args.tokens} text chunks per stream, {args.rounds} rounds)")
+    title = f"SSE path, CPU per event ({args.tokens} text chunks per stream, {args.rounds} rounds)"
+    table = Table(title=title)
     table.add_column("path")
     table.add_column("µs per event", justify="right")
     for name, values in times.items():
