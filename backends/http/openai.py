@@ -541,8 +541,8 @@ class EventStream:
         event_chunk = self._engine._event_chunk
         chat = self._chat
         append = self._chunks.append
-        raw = self._raw.take if self._raw is not None else None
         raw_line = self._raw.take_line if self._raw is not None else None
+        raw = self._raw.take if self._raw is not None else None
         for line in lines:
             if not line:
                 continue  # the blank line after each event

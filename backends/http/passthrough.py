@@ -61,33 +61,29 @@ class RawEvents:
     def take_line(self, line: bytes) -> Chunk | None:
         """A whole ``data: {...}`` line that matches the stream's template as a chunk
         carrying its bytes (no copy of the payload first); ``None`` otherwise, for
-        :meth:`take` to look at the payload."""
-        prefix = self._line_prefix
-        if prefix is None or not line.startswith(prefix) or not line.endswith(self._suffix):
-            return None
-        end = len(line) - len(self._suffix)
-        if end > len(prefix) and line.find(b'"', len(prefix), end) < 0 and line[end - 1] != _BACKSLASH:
-            head = self._head
-            assert head is not None
-            return Chunk(tokens=1, raw=line[6 + len(head) : len(line) - self._drop])
-        return None
+        :meth:`take` to look at the payload (an engine may write ``data:`` without the
+        space)."""
+        return self._templated(line, self._line_prefix, 6)
 
     def take(self, payload: bytes) -> Chunk | None:
         """``payload`` (one ``data:`` event's JSON) as a chunk carrying its own bytes, or
-        ``None`` when it is not an ordinary content delta and must be decoded."""
-        prefix = self._prefix
-        if prefix is not None and payload.startswith(prefix) and payload.endswith(self._suffix):
-            end = len(payload) - len(self._suffix)
-            # no quote in the text, nor a backslash escaping the closing one
-            if (
-                end > len(prefix)
-                and payload.find(b'"', len(prefix), end) < 0
-                and payload[end - 1] != _BACKSLASH
-            ):
-                head = self._head
-                assert head is not None
-                return Chunk(tokens=1, raw=payload[len(head) : len(payload) - self._drop])
-        return self._by_keys(payload)
+        ``None`` when it is not an ordinary content delta and must be decoded: by the
+        template, else by its keys."""
+        return self._templated(payload, self._prefix, 0) or self._by_keys(payload)
+
+    def _templated(self, data: bytes, prefix: bytes | None, skip: int) -> Chunk | None:
+        """``data`` as a plain delta when it starts with ``prefix`` (the template's, after
+        ``skip`` bytes of its own), ends with the template's suffix, and has no quote in its
+        text, nor a backslash escaping the closing one."""
+        suffix = self._suffix
+        if prefix is None or not data.startswith(prefix) or not data.endswith(suffix):
+            return None
+        end = len(data) - len(suffix)
+        if end > len(prefix) and data.find(b'"', len(prefix), end) < 0 and data[end - 1] != _BACKSLASH:
+            head = self._head
+            assert head is not None
+            return Chunk(tokens=1, raw=data[skip + len(head) : len(data) - self._drop])
+        return None
 
     def _by_keys(self, payload: bytes) -> Chunk | None:
         head = self._head
