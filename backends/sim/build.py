@@ -78,12 +78,14 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
         limit = options.max_model_len or max_model_len or model.max_position
         delay = (options.ttft_ms or 0.0) / 1000
         description = f"{model.name} on {tp * pp}x {hw.name}" + (f" (TP {tp} x PP {pp})" if pp > 1 else "")
+        transfer = _transfer(options, model, hw)
     else:
         cost = FixedRateCost(options.tokens_per_s, options.prefill_tokens_per_s)
         kv_tokens = options.kv_cache_tokens or DEFAULT_KV_TOKENS
         limit = options.max_model_len or max_model_len or DEFAULT_MAX_MODEL_LEN
         delay = (30.0 if options.ttft_ms is None else options.ttft_ms) / 1000
         description = f"fixed-rate, {options.tokens_per_s:g} tokens/s per request"
+        transfer = _free  # fixed-rate timing knows no bytes per token
     if not options.enable_chunked_prefill and options.max_num_batched_tokens < limit:
         # vLLM refuses this too: a prompt longer than one iteration's budget could never start.
         raise ValueError(
@@ -108,21 +110,18 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
         for i in range(options.prefill_engines + options.decode_engines)
     ]
     unit = DisaggregatedEngine(
-        engines[: options.prefill_engines], engines[options.prefill_engines :], _transfer(options)
+        engines[: options.prefill_engines], engines[options.prefill_engines :], transfer
     )
     description += f", {options.prefill_engines} prefill + {options.decode_engines} decode engines"
     return EngineSetup(unit, limit, description)
 
 
-def _transfer(options: SimOptions) -> Callable[[int], float]:
-    """Seconds a prompt's KV of ``n`` tokens takes from a prefill engine to a decode engine:
-    its bytes over the link (``kv_transfer_gb_s``, else every device's node link), plus the
-    link's latency. Free with fixed-rate timing, which knows no bytes per token."""
-    if options.hardware is None or options.model is None:
-        return _free
+def _transfer(options: SimOptions, model: Any, hw: Any) -> Callable[[int], float]:
+    """Seconds a prompt's KV of ``n`` tokens takes from a prefill engine to a decode engine of
+    ``model`` on ``hw``: its bytes over the link (``kv_transfer_gb_s``, else every device's
+    node link), plus the link's latency."""
     from shuniu.backends.sim.profiles import kv_bytes_per_token_per_device
 
-    model, hw, _ = resolve_profiles(options)
     tp = options.tensor_parallel_size
     devices = tp * options.pipeline_parallel_size
     per_token = tp * kv_bytes_per_token_per_device(model, tp)  # the whole replica's KV

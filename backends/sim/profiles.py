@@ -486,16 +486,17 @@ def min_tensor_parallel(
     hw: HardwareProfile,
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
+    pp: int = 1,
 ) -> int | None:
     """Smallest power-of-two tensor-parallel size (up to ``hw.max_tensor_parallel``) that holds
     the weights with KV room for one sequence of ``max_model_len`` tokens (default: the model's
-    ``max_position``) — the check vLLM makes at start-up — and splits the model's heads evenly.
-    ``None`` when no size fits."""
+    ``max_position``) — the check vLLM makes at start-up — and splits the model's heads evenly,
+    over ``pp`` pipeline stages of that size. ``None`` when no size fits."""
     need = max_model_len if max_model_len is not None else model.max_position
     tp = 1
     while tp <= hw.max_tensor_parallel:
         if tensor_parallel_problem(model, tp) is None:
-            if kv_cache_tokens(model, hw, tp, gpu_memory_utilization) >= need:
+            if kv_cache_tokens(model, hw, tp, gpu_memory_utilization, pp=pp) >= need:
                 return tp
         tp *= 2
     return None

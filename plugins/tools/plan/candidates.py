@@ -102,13 +102,4 @@ def _pinned(
     if tp is not None:
         return tp, pp or 1
     assert pp is not None
-    need = max_model_len if max_model_len is not None else model.max_position
-    size = 1
-    while size <= hw.max_tensor_parallel:
-        if (
-            tensor_parallel_problem(model, size) is None
-            and kv_cache_tokens(model, hw, size, util, pp=pp) >= need
-        ):
-            return size, pp
-        size *= 2
-    return hw.max_tensor_parallel, pp
+    return min_tensor_parallel(model, hw, util, max_model_len, pp) or hw.max_tensor_parallel, pp

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shuniu.plugins.tools.plan.results import PlanResult, Trial
+from shuniu.plugins.tools.plan.shapes import parallel_label
 
 __all__ = ["print_plan", "secs"]
 
@@ -38,9 +39,7 @@ def _num(value: float) -> str:
 def _replicas(rec: Trial) -> str:
     """``3 replicas x TP 8``, ``2 replicas x TP 8 x PP 2``, ``2 units of 1 prefill + 2 decode
     engines x TP 4``."""
-    parallel = f"TP {rec.tensor_parallel}"
-    if rec.pipeline_parallel > 1:
-        parallel += f" x PP {rec.pipeline_parallel}"
+    parallel = parallel_label(rec.tensor_parallel, rec.pipeline_parallel)
     p, d = rec.config.get("prefill_engines", 0), rec.config.get("decode_engines", 0)
     if p:
         units = "unit" if rec.replicas == 1 else "units"

@@ -28,6 +28,7 @@ __all__ = [
     "WEIGHT_LOSS",
     "Shape",
     "Space",
+    "parallel_label",
     "precision_quality",
     "quality_loss",
 ]
@@ -100,6 +101,11 @@ def precision_quality(weight: str, kv: str, native_weight: str, native_kv: str) 
     return "; ".join(parts) or None
 
 
+def parallel_label(tp: int, pp: int) -> str:
+    """``TP 8``, or ``TP 8 x PP 2`` with pipeline stages."""
+    return f"TP {tp} x PP {pp}" if pp > 1 else f"TP {tp}"
+
+
 @dataclass(frozen=True, order=True)
 class Shape:
     """One engine configuration of a pool (everything but the replica count)."""
@@ -144,8 +150,7 @@ class Shape:
     @property
     def parallel(self) -> str:
         """``TP 8``, or ``TP 8 x PP 2`` with pipeline stages."""
-        pp = f" x PP {self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
-        return f"TP {self.tensor_parallel}{pp}"
+        return parallel_label(self.tensor_parallel, self.pipeline_parallel)
 
     def options(self, hardware: str, model: str, util: float) -> dict[str, Any]:
         """The ``sim`` backend options of one replica."""
