@@ -287,12 +287,24 @@ async def test_a_precise_prefix_pool_keeps_the_prompts_token_ids(
 
 @pytest.fixture(scope="module")
 def local_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    refusing = tmp_path_factory.mktemp("refusing-tokenizer")
+    (refusing / "tokenizer.json").write_bytes((model_dir / "tokenizer.json").read_bytes())
+    (refusing / "chat_template.jinja").write_text("{{ raise_exception('this template renders nothing') }}")
     config = f"""
     gateway:
       max_prompt_tokens: 40
     models:
       m:
         tokenizer: {model_dir}
+        endpoints:
+          - kind: sim
+            options: {{ttft_ms: 0, tokens_per_s: 0, output_tokens_min: 2, output_tokens_max: 2}}
+      refusing:
+        tokenizer: {refusing}
+        endpoints:
+          - kind: sim
+            options: {{ttft_ms: 0, tokens_per_s: 0, output_tokens_min: 2, output_tokens_max: 2}}
+      plain:
         endpoints:
           - kind: sim
             options: {{ttft_ms: 0, tokens_per_s: 0, output_tokens_min: 2, output_tokens_max: 2}}
@@ -322,6 +334,22 @@ def test_limits_count_with_the_model_tokenizer(local_gateway: str, reference: An
     assert r.status_code == 200, r.text
     rendered = "<|im_start|>user\nsay hello world<|im_end|>\n<|im_start|>assistant\n"
     assert r.json()["usage"]["prompt_tokens"] == _ids(reference, rendered, False)  # the simulator reports it
+
+
+def test_a_prompt_no_tokenizer_counts_gets_the_estimate(local_gateway: str) -> None:
+    # The path counts once the model is known: the estimate for a model without a tokenizer,
+    # and for a chat prompt whose template the tokenizer cannot render.
+    chat = {"messages": [{"role": "user", "content": CHINESE}]}
+    completion = {"prompt": "one two three four"}
+    for model, api, body in (
+        ("plain", "chat/completions", chat),
+        ("plain", "completions", completion),
+        ("refusing", "chat/completions", chat),
+    ):
+        r = httpx.post(f"{local_gateway}/v1/{api}", json={"model": model, **body})
+        assert r.status_code == 200, r.text
+        parsed = _chat(chat["messages"]) if body is chat else _completion(completion["prompt"])
+        assert r.json()["usage"]["prompt_tokens"] == parsed.prompt_tokens > 0, (model, api)
 
 
 @pytest.fixture

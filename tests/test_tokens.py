@@ -4,6 +4,8 @@ tokens, which let such prompts past every token limit)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shuniu.core.tokens import RUN_CHARS_PER_TOKEN, count_tokens, split_tokens
@@ -54,3 +56,47 @@ def test_ascii_text_is_cut_the_same_by_the_fast_pattern() -> None:
     assert len(texts) > 320
     for text in texts:
         assert tokens._TOKEN_ASCII.findall(text) == tokens._TOKEN.findall(text), repr(text[:80])
+
+
+def test_a_deferred_estimate_is_the_estimate_parsing_makes() -> None:
+    # The request path parses with estimate=False and counts once the model is known.
+    from shuniu.core.api.anthropic import parse_messages
+    from shuniu.core.api.openai import UNCOUNTED, estimate_prompt, parse_request
+    from shuniu.core.api.responses import parse_responses
+
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "你好 world, 42!"},
+        ],
+    }
+    cases = [
+        (lambda e: parse_request(json.dumps(chat).encode(), "chat", "r", 0.0, e)),
+        (
+            lambda e: parse_request(
+                b'{"model": "m", "prompt": "Hello there, friend."}', "completions", "r", 0.0, e
+            )
+        ),
+        (
+            lambda e: parse_messages(
+                json.dumps(
+                    {**chat, "max_tokens": 5, "messages": chat["messages"][1:], "system": "be brief"}
+                ).encode(),
+                "r",
+                0.0,
+                e,
+            )
+        ),
+        (
+            lambda e: parse_responses(
+                b'{"model": "m", "input": "hi there", "instructions": "be brief"}', "r", 0.0, e
+            )
+        ),
+    ]
+    for parse in cases:
+        counted, deferred = parse(True), parse(False)
+        assert deferred.prompt_tokens == UNCOUNTED and counted.prompt_tokens > 0
+        assert estimate_prompt(deferred) == counted.prompt_tokens
+    ids = parse_request(b'{"model": "m", "prompt": [1, 2, 3]}', "completions", "r", 0.0, False)
+    assert ids.prompt_tokens == 3  # token ids are counted exactly either way

@@ -241,20 +241,21 @@ def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_messages(raw: bytes, request_id: str, now: float) -> InferenceRequest:
-    """A Messages request as a chat request in the ``anthropic`` wire format."""
-    req = parse_body(to_chat_body(decode_body(raw)), "chat", request_id, now)
+def parse_messages(raw: bytes, request_id: str, now: float, estimate: bool = True) -> InferenceRequest:
+    """A Messages request as a chat request in the ``anthropic`` wire format (``estimate``: as
+    in :func:`~shuniu.core.api.openai.parse_body`)."""
+    req = parse_body(to_chat_body(decode_body(raw)), "chat", request_id, now, estimate)
     req.wire = "anthropic"
     return req
 
 
-def parse_count(raw: bytes, request_id: str, now: float) -> InferenceRequest:
+def parse_count(raw: bytes, request_id: str, now: float, estimate: bool = True) -> InferenceRequest:
     """A ``/v1/messages/count_tokens`` request: a Messages request without ``max_tokens``
     (and without streaming), to count."""
     body = decode_body(raw)
     body.setdefault("max_tokens", 1)
     body.pop("stream", None)
-    req = parse_body(to_chat_body(body), "chat", request_id, now)
+    req = parse_body(to_chat_body(body), "chat", request_id, now, estimate)
     req.wire = "anthropic"
     return req
 

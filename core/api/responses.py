@@ -244,10 +244,11 @@ class _Echo(msgspec.Struct):
     text: Any = None
 
 
-def parse_responses(raw: bytes, request_id: str, now: float) -> InferenceRequest:
-    """A Responses request as a chat request in the ``responses`` wire format."""
+def parse_responses(raw: bytes, request_id: str, now: float, estimate: bool = True) -> InferenceRequest:
+    """A Responses request as a chat request in the ``responses`` wire format (``estimate``: as
+    in :func:`~shuniu.core.api.openai.parse_body`)."""
     body = decode_body(raw)
-    req = parse_body(to_chat_body(body), "chat", request_id, now)
+    req = parse_body(to_chat_body(body), "chat", request_id, now, estimate)
     req.wire = "responses"
     req.wire_state = _Echo(
         int(time.time()),

@@ -81,8 +81,11 @@ class Wire:
 
     name: str
     """Its name, the value of ``InferenceRequest.wire``."""
-    parse: Callable[[bytes, Api, str, float], InferenceRequest]
-    """``(raw, api, request_id, now)`` → the request; a 400 :class:`GatewayError` when bad."""
+    parse: Callable[[bytes, Api, str, float, bool], InferenceRequest]
+    """``(raw, api, request_id, now, estimate)`` → the request; a 400 :class:`GatewayError`
+    when bad. ``estimate=False``: a text prompt's ``prompt_tokens`` is left
+    :data:`~shuniu.core.api.openai.UNCOUNTED` for the caller to count (the pooling APIs, whose
+    inputs no tokenizer recounts, always estimate)."""
     completion: Callable[[InferenceRequest, Any], bytes]
     """A whole answer's JSON body (from a :class:`~shuniu.core.types.Completion`; for the pooling APIs, from
     :class:`~shuniu.core.types.Embeddings` or :class:`~shuniu.core.types.Scores`)."""
@@ -95,14 +98,14 @@ class Wire:
 OPENAI = Wire("openai", parse_request, encode_completion, StreamEncoder, GatewayError.body)
 ANTHROPIC = Wire(
     "anthropic",
-    lambda raw, api, request_id, now: parse_messages(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_messages(raw, request_id, now, estimate),
     encode_message,
     MessagesStream,
     error_body,
 )
 ANTHROPIC_COUNT = Wire(
     "anthropic",
-    lambda raw, api, request_id, now: parse_count(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_count(raw, request_id, now, estimate),
     encode_message,
     MessagesStream,
     error_body,
@@ -110,7 +113,7 @@ ANTHROPIC_COUNT = Wire(
 """``/v1/messages/count_tokens``: Anthropic's format, a request without ``max_tokens``."""
 RESPONSES = Wire(
     "responses",
-    lambda raw, api, request_id, now: parse_responses(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_responses(raw, request_id, now, estimate),
     encode_response,
     ResponsesStream,
     GatewayError.body,
@@ -123,21 +126,21 @@ def _not_streamed(req: InferenceRequest) -> StreamWriter:
 
 EMBEDDINGS = Wire(
     "embeddings",
-    lambda raw, api, request_id, now: parse_embeddings(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_embeddings(raw, request_id, now),
     encode_embeddings,
     _not_streamed,
     GatewayError.body,
 )
 RERANK = Wire(
     "rerank",
-    lambda raw, api, request_id, now: parse_rerank(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_rerank(raw, request_id, now),
     encode_rerank,
     _not_streamed,
     GatewayError.body,
 )
 SCORE = Wire(
     "score",
-    lambda raw, api, request_id, now: parse_score(raw, request_id, now),
+    lambda raw, api, request_id, now, estimate=True: parse_score(raw, request_id, now),
     encode_score,
     _not_streamed,
     GatewayError.body,

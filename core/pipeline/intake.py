@@ -46,11 +46,19 @@ class Intake:
             )
 
     async def read(
-        self, api: Api, wire: Wire, scope: Scope, receive: Receive, request_id: str, arrival: float
+        self,
+        api: Api,
+        wire: Wire,
+        scope: Scope,
+        receive: Receive,
+        request_id: str,
+        arrival: float,
+        estimate: bool = True,
     ) -> InferenceRequest:
-        """The body, parsed in ``wire``'s format: 413 too large, 400 malformed."""
+        """The body, parsed in ``wire``'s format: 413 too large, 400 malformed.
+        ``estimate=False``: a text prompt's count is left to the caller (``Wire.parse``)."""
         raw = await read_body(scope, receive, self._max_body)
-        return wire.parse(raw, api, request_id, arrival)
+        return wire.parse(raw, api, request_id, arrival, estimate)
 
     def check_size(self, req: InferenceRequest) -> None:
         """400 when the request has more messages or prompt tokens than the gateway takes."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from shuniu.core.api.openai import UNCOUNTED, estimate_prompt
 from shuniu.core.api.wire import Wire, wire_of
 from shuniu.core.errors import GatewayError, method_not_allowed
 from shuniu.core.governance import BudgetHold
@@ -86,7 +87,8 @@ class RequestPath:
             # A batch request carries its owner's principal (the runner's scope; never a
             # client's, which the server builds), else the credential decides.
             principal = scope.get("shuniu.principal") or identity.authenticate(tenancy, headers, trace)
-            req = await self.intake.read(api, wire, scope, receive, request_id, arrival)
+            # Counted below, once the model (and whether it has a tokenizer) is known.
+            req = await self.intake.read(api, wire, scope, receive, request_id, arrival, estimate=False)
             if principal is not None:
                 req.principal = principal
             if trace is not None:
@@ -99,6 +101,8 @@ class RequestPath:
             counter = pool.counter
             if counter is not None and req.pooling is None:
                 await recount(req, counter)
+            if req.prompt_tokens == UNCOUNTED:  # no tokenizer, or it could not count this one
+                req.prompt_tokens = estimate_prompt(req)
             self.intake.check_size(req)
             if headers:
                 self.intake.apply_headers(req, headers, arrival, tenancy.identity_headers)
@@ -115,6 +119,8 @@ class RequestPath:
                 pool.demand.arrived(arrival, req.prompt_tokens)
         except GatewayError as err:
             await send_error(send, err, request_id, render=wire.error)
+            if req is not None and req.prompt_tokens == UNCOUNTED:  # refused before it was counted
+                req.prompt_tokens = estimate_prompt(req)
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
             return
         await self._serve(req, pool, tier, degraded, receive, send, loop, Progress(pool.name, trace))

@@ -1,9 +1,10 @@
 """Counting prompts in tokens the way the model's engine does.
 
 Every limit measured in tokens (the context window, ``max_prompt_tokens``, TPM, length
-routing, fair shares) reads ``InferenceRequest.prompt_tokens``. Intake fills it with the
-estimate of :mod:`shuniu.core.tokens`; a model with ``tokenizer:`` in the deployment file
-has it recounted right after the model is looked up, before any of those limits:
+routing, fair shares) reads ``InferenceRequest.prompt_tokens``. A model with ``tokenizer:``
+in the deployment file has it counted right after the model is looked up, before any of
+those limits; any other model gets the estimate of :mod:`shuniu.core.tokens` there (the
+request path makes no estimate that a tokenizer would replace):
 
 - ``tokenizer: PATH`` — a local ``tokenizer.json`` or model directory, loaded once with
   Hugging Face ``tokenizers`` (:class:`~.local.LocalTokenizer`); chat prompts are rendered
@@ -12,7 +13,7 @@ has it recounted right after the model is looked up, before any of those limits:
 - ``tokenizer: engine`` — the engine's own ``/tokenize`` (:class:`~.engine.EngineCounter`),
   one call per distinct prompt (cached).
 
-A counter that cannot count a request leaves the estimate in place: counting never fails a
+A counter that cannot count a request leaves it to the estimate: counting never fails a
 request.
 """
 
