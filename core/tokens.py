@@ -69,8 +69,16 @@ _TOKEN = re.compile(rf"([^\W_{_CJK}]{{{RUN_MIN},}})|{_PIECE}")
 # The same pattern for ASCII text, compiled with re.ASCII: the same matches on ASCII input
 # (letters, digits and word characters are the ASCII ones either way), found about twice as
 # fast, since no character class has to be looked up in the Unicode tables.
+# A whole word of at most LETTERS_PER_TOKEN letters (no word character after it) is tried
+# first, with the space after it: prose is mostly such words, and each is then one match
+# that skips its space, instead of a failed try for a run, the letters, and a failed try of
+# every alternative at the space. The same count: such a word is no run (it is shorter than
+# RUN_MIN), and a space there is no piece. About 1.2x on English prose, 1.9x on text of
+# plain words; not used for other scripts, where it measured slower.
 _PIECE_ASCII = rf"[^\W\d_]{{1,{LETTERS_PER_TOKEN}}}|\d{{1,{DIGITS_PER_TOKEN}}}|_|\n[ \t]*|[^\w\s]"
-_TOKEN_ASCII = re.compile(rf"([^\W_]{{{RUN_MIN},}})|{_PIECE_ASCII}", re.ASCII)
+_TOKEN_ASCII = re.compile(
+    rf"[a-zA-Z]{{1,{LETTERS_PER_TOKEN}}}(?![a-zA-Z0-9]) ?|([^\W_]{{{RUN_MIN},}})|{_PIECE_ASCII}", re.ASCII
+)
 # Symbols outside ASCII (emoji, arrows, maths, box drawing) count twice; CJK and full-width
 # punctuation, which Chinese vocabularies hold as single tokens, once.
 _WIDE = re.compile(r"[^\w\s\x00-\x7f\u3000-\u303f\uff00-\uffef]")

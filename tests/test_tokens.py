@@ -41,8 +41,9 @@ def test_the_count_is_the_number_of_pieces() -> None:
 
 
 def test_ascii_text_is_cut_the_same_by_the_fast_pattern() -> None:
-    # ASCII text is cut by a pattern compiled with re.ASCII (twice as fast); on ASCII input
-    # it must find exactly the pieces the Unicode pattern finds.
+    # ASCII text is cut by a pattern compiled with re.ASCII (twice as fast) that takes a
+    # short word with its space in one match; on ASCII input it must find exactly the pieces
+    # the Unicode pattern finds.
     import random
     import string
 
@@ -52,8 +53,21 @@ def test_ascii_text_is_cut_the_same_by_the_fast_pattern() -> None:
     rng = random.Random(11)
     texts = [doc for _, doc in documents(3, per_kind=10) if doc.isascii()]
     texts += ["".join(rng.choice(string.printable) for _ in range(rng.randrange(0, 400))) for _ in range(300)]
-    texts += ["x_1" * 20, "ab" * 30 + "12", "\n\t  \n", "snake_case_identifier_name", ""]
-    assert len(texts) > 320
+    words = [
+        "a",
+        "word",
+        "nine9",
+        "ninechars",
+        "tencharsss",
+        "internationalization",
+        "x_y",
+        "end.",
+        "(ok)",
+        "\n  ",
+    ]
+    texts += [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 60))) for _ in range(100)]
+    texts += ["x_1" * 20, "ab" * 30 + "12", "\n\t  \n", "snake_case_identifier_name", "", "ab  cd ", "ab\tcd"]
+    assert len(texts) > 420
     for text in texts:
         assert tokens._TOKEN_ASCII.findall(text) == tokens._TOKEN.findall(text), repr(text[:80])
 
