@@ -58,7 +58,9 @@ def test_backlog_tightens_the_limit_and_it_widens_again() -> None:
     cfg = LoadConfig(max_engine_waiting=2, max_kv_usage=0.95)
     e = _ep(in_flight=40)
     assert adapt_limit(e, EndpointLoad(running=30, waiting=10), cfg) is False
-    assert e.limit == 40 - 8  # the excess waiting moves back to the gateway
+    assert e.limit == 0  # one snapshot with a backlog: it may be a burst the next iteration takes
+    assert adapt_limit(e, EndpointLoad(running=30, waiting=12), cfg) is False
+    assert e.limit == 40 - 8  # still there: the excess (the smaller) moves back to the gateway
     e.in_flight = 20
     assert adapt_limit(e, EndpointLoad(running=20, waiting=2), cfg) is False  # at the threshold
     assert e.limit == 32  # and not binding: unchanged
@@ -80,6 +82,20 @@ def test_backlog_tightens_the_limit_and_it_widens_again() -> None:
     assert adapt_limit(e2, EndpointLoad(running=3), cfg) is False and e2.limit == 8
 
 
+def test_a_backlog_that_clears_between_snapshots_never_tightens() -> None:
+    # An engine with long iterations shows requests waiting for the next one at any moment:
+    # bursts on every other snapshot are not a backlog.
+    cfg = LoadConfig(max_engine_waiting=2)
+    e = _ep(in_flight=100)
+    for _ in range(20):
+        adapt_limit(e, EndpointLoad(running=97, waiting=5), cfg)
+        adapt_limit(e, EndpointLoad(running=100, waiting=1), cfg)
+    assert e.limit == 0
+    adapt_limit(e, EndpointLoad(running=97, waiting=5), cfg)
+    adapt_limit(e, EndpointLoad(running=97, waiting=4), cfg)
+    assert e.limit == 100 - 2
+
+
 def test_full_kv_cache_tightens_and_ceiling_is_max_concurrency() -> None:
     cfg = LoadConfig(max_kv_usage=0.9)
     e = _ep(in_flight=16, max_concurrency=20)
@@ -90,6 +106,7 @@ def test_full_kv_cache_tightens_and_ceiling_is_max_concurrency() -> None:
         adapt_limit(e, EndpointLoad(running=e.limit, kv_usage=0.5), cfg)
     assert e.limit == 20  # never above the configured maximum
     e.in_flight = 1
+    adapt_limit(e, EndpointLoad(waiting=50), cfg)
     adapt_limit(e, EndpointLoad(waiting=50), cfg)
     assert e.limit == cfg.min_concurrency
     off = LoadConfig(adaptive_concurrency=False)

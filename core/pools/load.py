@@ -68,25 +68,35 @@ def freshness(age: float, stale_after: float) -> float:
 def adapt_limit(e: EndpointState, snap: EndpointLoad, cfg: LoadConfig) -> bool:
     """Adjust ``e.limit`` after a fresh snapshot; True when it grew (waiters may fit now).
 
-    Backlog (more than ``max_engine_waiting`` waiting in the engine, or KV usage above
-    ``max_kv_usage``): cut the limit to what is in flight minus the excess, so the excess
-    waits in the gateway instead. An empty engine queue while the limit binds: widen it by a
-    sixteenth. Between the two (a few waiting) it holds: widening whenever the backlog is
-    under the threshold overshoots by a whole step every other poll, and the overshoot waits
-    in the engine's first-come queue ahead of higher-priority requests the gateway would
-    have sent first.
+    Backlog (more than ``max_engine_waiting`` waiting in the engine on two snapshots in a
+    row, or KV usage above ``max_kv_usage``): cut the limit to what is in flight minus the
+    excess (the smaller of the two), so the excess waits in the gateway instead. One
+    snapshot is not enough: requests that arrived during the iteration in progress wait
+    until the next one starts, so an engine whose iterations are long (an eager-mode engine,
+    a large batch of a large model) shows a few waiting at any moment without a backlog; cut
+    on each of those and the limit strangles it (on a simulated eager 910B at 16 requests/s,
+    mean TTFT 4.5x, P99 12x). A real backlog outlasts the many iterations between snapshots.
+    KV usage over the mark cuts at once. An empty engine queue while the limit binds: widen
+    it by a sixteenth. Between the two (a few waiting) it holds: widening whenever the
+    backlog is under the threshold overshoots by a whole step every other poll, and the
+    overshoot waits in the engine's first-come queue ahead of higher-priority requests the
+    gateway would have sent first.
     """
     if not cfg.adaptive_concurrency:
         return False
     ceiling = e.max_concurrency or cfg.max_adaptive_concurrency
     busy = e.in_flight + e.remote_in_flight  # the fleet's, with fleet:
     excess = snap.waiting - cfg.max_engine_waiting
+    before, e.backlog = e.backlog, excess if excess > 0 else 0
+    backlog = excess if excess < before else before  # > 0 only when both snapshots had one
     kv_full = snap.kv_usage is not None and snap.kv_usage > cfg.max_kv_usage
-    if excess > 0 or kv_full:
-        cut = max(excess, 1 if kv_full else 0, busy // 8 if kv_full else 0)
+    if backlog > 0 or kv_full:
+        cut = max(backlog, 1 if kv_full else 0, busy // 8 if kv_full else 0)
         current = e.limit or busy
         e.limit = max(cfg.min_concurrency, min(current, busy - cut))
         return False
+    if excess > 0:
+        return False  # a backlog seen once: hold until the next snapshot says more
     if e.limit == 0 or e.limit >= ceiling:
         return False
     if snap.waiting == 0 and busy >= e.limit - 1:

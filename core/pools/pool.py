@@ -35,6 +35,7 @@ class EndpointState:
 
     __slots__ = (
         "backend",
+        "backlog",
         "completed",
         "draining",
         "ejected",
@@ -86,6 +87,9 @@ class EndpointState:
         self.limit = max_concurrency
         """Current concurrency limit (0 = none): ``max_concurrency``, or less while the
         engine reports a backlog."""
+        self.backlog = 0
+        """Waiting requests beyond ``load.max_engine_waiting`` in the engine's last snapshot
+        (0: none): a backlog counts only when the next snapshot still shows it."""
         self.labels = labels or {}
         self.index = index
         """Position in the pool (stable; balancers may use it as a small integer key)."""
