@@ -32,6 +32,10 @@ Sources (read, not copied; figures as published):
   TTFT 145.9 ms, TPOT 47.3 ms; on one H100 SXM with vLLM 0.11.0, 1 and 4 clients: TTFT
   59.0 / 64.0 ms, TPOT 7.28 / 7.38 ms.
 
+TTFTs include the profile's serving front end (``frontend_ms``, the ``sim`` endpoint's
+default ``ttft_ms``), as the published ones include the engine's. The gateway's adaptive
+concurrency limit is off: the sources measured bare engines.
+
 Closed-loop cases (a number of clients, each sending its next request when the last one
 ends, as ``--max-concurrency`` runs) drive one simulated engine directly with ShareGPT-like
 lengths drawn from a seeded stream; open-loop and burst cases go through ``shuniu simulate``.
@@ -207,6 +211,7 @@ def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
         f"""
         models:
           m:
+            load: {{adaptive_concurrency: false}}  # the engine as its source ran it: no gateway
             endpoints:
               - kind: sim
                 max_concurrency: 0

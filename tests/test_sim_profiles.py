@@ -356,3 +356,19 @@ def test_unknown_name_lists_the_names() -> None:
     with pytest.raises(ConfigError) as info:
         load_model("gpt-5")
     assert all(name in str(info.value) for name in MODELS)
+
+
+def test_the_front_end_delay_defaults_to_the_hardware_profile() -> None:
+    # Published TTFTs include the serving front end; a profile carries it (frontend_ms) and
+    # the sim endpoint's ttft_ms overrides it.
+    from shuniu.backends.sim.build import build_engine
+    from shuniu.backends.sim.options import SimOptions
+    from shuniu.backends.sim.profiles import load_hardware
+
+    for name in ("h100-sxm", "ascend-910b", "cpu"):
+        hw = load_hardware(name)
+        engine = build_engine(SimOptions(hardware=name, model="llama-3.1-8b")).engine
+        assert engine.admission_delay == hw.frontend_ms / 1000
+    assert load_hardware("h100-sxm").frontend_ms > 0 and load_hardware("cpu").frontend_ms == 0
+    engine = build_engine(SimOptions(hardware="h100-sxm", model="llama-3.1-8b", ttft_ms=0)).engine
+    assert engine.admission_delay == 0

@@ -76,7 +76,7 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
         pp = options.pipeline_parallel_size
         cost = CostModel(model, hw, tp, pp)
         limit = options.max_model_len or max_model_len or model.max_position
-        delay = (options.ttft_ms or 0.0) / 1000
+        delay = (hw.frontend_ms if options.ttft_ms is None else options.ttft_ms) / 1000
         description = f"{model.name} on {tp * pp}x {hw.name}" + (f" (TP {tp} x PP {pp})" if pp > 1 else "")
         transfer = _transfer(options, model, hw)
     else:

@@ -35,7 +35,7 @@ class SimOptions(Options):
     """Share of device memory the engine may use (vLLM's knob of the same name)."""
     ttft_ms: float | None = Field(None, ge=0)
     """Fixed extra delay before a request reaches the engine (network, tokenizer). Default:
-    30 ms with fixed-rate timing, 0 with hardware and model profiles."""
+    30 ms with fixed-rate timing, the hardware profile's ``frontend_ms`` with profiles."""
     prefill_tokens_per_s: float = Field(20000.0, ge=0)
     """Fixed-rate timing (no profiles): prompt tokens per second. 0 = free."""
     tokens_per_s: float = Field(60.0, ge=0)

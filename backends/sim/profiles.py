@@ -182,6 +182,13 @@ class HardwareProfile(_Strict):
     preemption): block allocation, prefix hashing, adding it to the worker's persistent batch,
     the front end's request intake. Added to the iteration outside both roofs. Default 0 (the
     shipped GPU profiles have no measurement of it)."""
+    frontend_ms: float = Field(0.0, ge=0)
+    """The serving front end's delay before a request reaches the engine: HTTP, the chat
+    template and tokenizer, the hand-off to the engine core (and, seen by the client, the
+    first token's detokenizing and streaming). Published TTFTs include it; the engine's
+    iterations do not. The ``sim`` endpoint's ``ttft_ms`` when its options give none (with
+    ``host_token_us``, it grows with the token rate and requests are served one at a time).
+    Default 0."""
     host_seq_us: float = Field(0.0, ge=0)
     """Host time per decoding sequence on a *host roof*: the iteration lasts
     ``max(device time, host_seq_us x decoding sequences) + iteration_overhead_ms``, where the
