@@ -104,10 +104,16 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
     if not options.prefill_engines:
         engine = SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed)
         return EngineSetup(engine, limit, description)
-    # A prefill/decode split: its engines, each seeded on its own (independent jitter).
+    # A prefill/decode split: its engines, each seeded on its own (independent jitter). The
+    # front end runs once, at the unit's intake (the prefill engines); a decode engine takes
+    # the request from the unit's hand-off, not from a client. (A deployment where each
+    # engine is a server of its own pays a second front end there: give it in ttft_ms.)
+    n_prefill = options.prefill_engines
     engines = [
-        SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed + 1 + i)
-        for i in range(options.prefill_engines + options.decode_engines)
+        SimEngine(
+            EngineCore(config), cost, admission_delay=delay if i < n_prefill else 0.0, seed=seed + 1 + i
+        )
+        for i in range(n_prefill + options.decode_engines)
     ]
     unit = DisaggregatedEngine(
         engines[: options.prefill_engines], engines[options.prefill_engines :], transfer
