@@ -235,7 +235,7 @@ def parse_body(
                 )
             lines.append(f"{msg.role}: {_flatten_content(msg.content, i, seen)}\n")
         prompt = "".join(lines)
-        prompt_tokens = count_chat(prompt, len(lines)) if estimate else UNCOUNTED
+        prompt_tokens = UNCOUNTED
         if seen:
             modalities = frozenset(seen)
     else:
@@ -255,7 +255,7 @@ def parse_body(
                 )
             p = p[0]
         if isinstance(p, str):
-            prompt, prompt_tokens = p, count_tokens(p) if estimate else UNCOUNTED
+            prompt, prompt_tokens = p, UNCOUNTED
         elif p and all(type(t) is int for t in p):
             # The ids are the prompt exactly: counts and block_tokens prefix hashing use them.
             prompt, prompt_tokens, token_ids = " ".join(map(str, p)), len(p), list(p)
@@ -292,7 +292,7 @@ def parse_body(
         raise bad_request(
             "'stream_options' is only allowed when 'stream' is true.", "stream_options", "invalid_value"
         )
-    return InferenceRequest(
+    req = InferenceRequest(
         id=request_id,
         api=api,
         model=parsed.model,
@@ -315,6 +315,9 @@ def parse_body(
         arrival=now,
         token_ids=token_ids,
     )
+    if estimate and prompt_tokens == UNCOUNTED:  # a text prompt: estimated here or by the caller
+        req.prompt_tokens = estimate_prompt(req)
+    return req
 
 
 def _response_id(req: InferenceRequest) -> str:
