@@ -229,3 +229,43 @@ async def test_a_gateway_feeds_its_sim_engines_events_to_the_balancer_and_again_
         assert index.blocks(again.endpoints[0].index) == 0  # the old index is fed no more
     finally:
         await gateway.stop()
+
+
+def _prompt(k: int, tokens: int) -> list[int]:
+    """A system prompt of its own (ids no other prompt shares) and a question."""
+    return [*range(100_000 * (k + 1), 100_000 * (k + 1) + tokens), 7, 8, 9]
+
+
+def test_new_prefixes_spread_evenly_over_the_caches_not_by_load() -> None:
+    # A pool's first moments: sixteen new system prompts arrive while the requests already
+    # placed load the engines unevenly (here engine 3 always looks idlest). By load alone
+    # every new prefix lands on engine 3, which then has to hold them all; counting the new
+    # prompt tokens each engine took, four go to each.
+    def split(options: PrecisePrefixOptions) -> list[int]:
+        bal = PrecisePrefix(options)
+        eps = _endpoints(4)
+        for e, busy in zip(eps, (9, 7, 5, 0), strict=True):
+            e.in_flight = busy
+        taken = [0, 0, 0, 0]
+        for k in range(16):
+            chosen = bal.pick(_req(_prompt(k, 1800 + 25 * k)), eps)
+            assert chosen is not None
+            taken[chosen.index] += 1
+        return taken
+
+    assert split(PrecisePrefixOptions(new_prefix_window_s=0)) == [0, 0, 0, 16]
+    assert split(PrecisePrefixOptions(new_prefix_window_s=3600)) == [4, 4, 4, 4]
+
+
+def test_a_request_of_a_placed_prefix_follows_it_whatever_was_placed_there() -> None:
+    bal = PrecisePrefix(PrecisePrefixOptions(new_prefix_window_s=3600))
+    eps = _endpoints(2)
+    first = bal.pick(_req(_prompt(0, 1000)), eps)
+    assert first is not None
+    # The same prefix again: it goes where the prefix went, although that engine took the
+    # most new tokens.
+    again = _req([*_prompt(0, 1000)[:1000], 5, 5])
+    assert bal.pick(again, eps) is first and again.expected_cached > 0
+    # A new one goes to the other engine.
+    other = bal.pick(_req(_prompt(1, 1000)), eps)
+    assert other is not None and other is not first

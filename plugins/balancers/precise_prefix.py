@@ -41,6 +41,7 @@ from shuniu.core.pools.load import LoadWeights, load_score
 from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
+from shuniu.plugins.balancers.new_prefixes import NewPrefixes
 from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
 __all__ = ["CostSettings", "PrecisePrefix", "PrecisePrefixOptions", "cheapest", "place"]
@@ -78,6 +79,10 @@ class PrecisePrefixOptions(Options):
     slack_tokens: float = Field(4096.0, ge=0)
     """Costs this close to the lowest count as equal; among them the longest cached prefix
     wins (estimates are rough, and gateways of a fleet see each other's work late)."""
+    new_prefix_window_s: float = Field(10.0, ge=0)
+    """A prompt no candidate holds an eighth of goes to the endpoint sent the fewest such new
+    prompt tokens in this many seconds (then the less loaded), so new prefixes spread evenly
+    over the engines' caches; 0: by load alone."""
     balance_abs: float = Field(32.0, ge=0)
     """Never choose an endpoint carrying more than this many requests above the least loaded
     candidate ..."""
@@ -102,6 +107,7 @@ def cheapest(
     cold_weight: float = 1.0,
     start: int = 0,
     past_limit_cost: float = 0.0,
+    new: NewPrefixes | None = None,
 ) -> tuple[EndpointView | None, int]:
     """The candidate where ``req``'s first token should come soonest (see the module), and the
     prompt tokens it holds; ``depths``: endpoint index → leading blocks it holds.
@@ -110,7 +116,10 @@ def cheapest(
     fleet's gateways see each other's work a sync late: a strict minimum would send them all
     to the same endpoint at once). Among those the deepest match wins, then the less loaded,
     then the first from ``start`` on (a caller that rotates ``start`` spreads equal
-    candidates, e.g. the requests of an idle pool with no prefix known)."""
+    candidates, e.g. the requests of an idle pool with no prefix known). A prompt none of
+    them holds an eighth of is a new prefix: with ``new``, the one that took the fewest new
+    prompt tokens lately (counted in prompts of this size) wins, then the less loaded, so
+    new prefixes spread evenly over the caches (:mod:`~shuniu.plugins.balancers.new_prefixes`)."""
     n = len(endpoints)
     if n == 1:
         # One candidate: what the general case below decides for it, without the lists.
@@ -158,6 +167,19 @@ def cheapest(
             continue
         if best < 0 or held[i] > held[best] or (held[i] == held[best] and loads[i] < loads[best]):
             best = i
+    if new is not None and 8 * held[best] < prompt:
+        # A new prefix (what any of them holds is a shared opening at most): the one that
+        # took the fewest new prompt tokens lately, in prompts of this size, then load.
+        now = new.now()
+        unit = max(prompt, 1)
+        key: tuple[int, float] | None = None
+        for k in range(n):
+            i = (start + k) % n
+            if costs[i] > limit:
+                continue
+            mine = (round(new.tokens(endpoints[i].index, now) / unit), loads[i])
+            if key is None or mine < key:
+                best, key = i, mine
     return endpoints[best], held[best]
 
 
@@ -187,10 +209,12 @@ def place(
     o: CostSettings,
     bound: LoadWeights,
     turn: int,
+    new: NewPrefixes | None = None,
 ) -> EndpointView | None:
     """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
-    ``req.expected_cached`` to what the chosen endpoint holds."""
+    ``req.expected_cached`` to what the chosen endpoint holds, and records a new prefix's
+    placement in ``new``."""
     per_block = 0.0  # tokens per matched block: nothing to weigh when nothing matched
     if depths:
         ids = req.token_ids if req.token_ids is not None else req.prompt_ids
@@ -218,15 +242,18 @@ def place(
         o.cold_weight,
         turn % len(endpoints),
         o.past_limit_cost_tokens,
+        new,
     )
     req.expected_cached = cached
+    if new is not None and chosen is not None and 8 * cached < req.prompt_tokens:
+        new.placed(chosen.index, req.prompt_tokens - cached, new.now())
     return chosen
 
 
 class PrecisePrefix(Balancer):
     """Soonest first token, from an exact index of the engines' blocks."""
 
-    __slots__ = ("_turn", "bound_weights", "index", "options", "recent")
+    __slots__ = ("_turn", "bound_weights", "index", "new", "options", "recent")
     takes_full_endpoints = True
 
     def __init__(self, options: PrecisePrefixOptions | None = None) -> None:
@@ -235,10 +262,16 @@ class PrecisePrefix(Balancer):
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
         self.index = KvBlockIndex(o.max_blocks)
         self.recent = AgingPrefixIndex(o.recent_blocks, o.recent_s)
+        self.new = NewPrefixes(o.new_prefix_window_s) if o.new_prefix_window_s > 0 else None
         # What an engine says it evicted, or lost, is no longer "recently sent there" either.
         self.index.on_removed = self.recent.drop
-        self.index.on_cleared = self.recent.forget_index
+        self.index.on_cleared = self._cleared
         self._turn = 0
+
+    def _cleared(self, endpoint: int) -> None:
+        self.recent.forget_index(endpoint)
+        if self.new is not None:
+            self.new.forget(endpoint)
 
     def kv_index(self) -> KvBlockIndex:
         """The index the endpoints' KV events feed (the gateway wires them at start)."""
@@ -266,7 +299,9 @@ class PrecisePrefix(Balancer):
                 for i, d in self.index.match_sparse(hashes, alive).items():
                     if d > depths.get(i, 0):
                         depths[i] = d
-        chosen = place(req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn)
+        chosen = place(
+            req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn, self.new
+        )
         self._turn += 1
         if chosen is not None:
             self.recent.record(hashes, chosen)

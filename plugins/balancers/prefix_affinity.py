@@ -31,6 +31,7 @@ from shuniu.core.pools.load import LoadWeights
 from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
+from shuniu.plugins.balancers.new_prefixes import NewPrefixes
 from shuniu.plugins.balancers.precise_prefix import place
 from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
@@ -80,6 +81,10 @@ class PrefixAffinityOptions(PrefixOptions):
     slack_tokens: float = Field(4096.0, ge=0)
     """Costs this close to the lowest count as equal; among them the longest cached prefix
     wins (estimates are rough, and gateways of a fleet see each other's work late)."""
+    new_prefix_window_s: float = Field(10.0, ge=0)
+    """A prompt no candidate holds an eighth of goes to the endpoint sent the fewest such new
+    prompt tokens in this many seconds (then the less loaded), so new prefixes spread evenly
+    over the engines' caches; 0: by load alone."""
     min_match_blocks: int = Field(1, ge=1)
     """Shorter matches than this are ignored (a shared greeting is not worth a detour)."""
     load: LoadOptions = Field(default_factory=LoadOptions)
@@ -89,15 +94,16 @@ class PrefixAffinityOptions(PrefixOptions):
 class PrefixAffinity(Balancer):
     """Soonest first token, from the prefixes this gateway (and its fleet) dispatched."""
 
-    __slots__ = ("_turn", "bound_weights", "index", "options")
+    __slots__ = ("_turn", "bound_weights", "index", "new", "options")
     takes_full_endpoints = True
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
-        self.options = options or PrefixAffinityOptions()
-        w = self.options.load.weights()
+        self.options = o = options or PrefixAffinityOptions()
+        w = o.load.weights()
         # The bound compares requests, not tokens (see ``balance_abs``).
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
-        self.index = AgingPrefixIndex(self.options.max_blocks, self.options.memory_s)
+        self.index = AgingPrefixIndex(o.max_blocks, o.memory_s)
+        self.new = NewPrefixes(o.new_prefix_window_s) if o.new_prefix_window_s > 0 else None
         self._turn = 0
 
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
@@ -114,7 +120,7 @@ class PrefixAffinity(Balancer):
                 i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= o.min_match_blocks
             }
         chosen = place(
-            req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn
+            req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn, self.new
         )
         self._turn += 1
         if chosen is not None:
@@ -126,6 +132,8 @@ class PrefixAffinity(Balancer):
 
     def engine_lost(self, endpoint: EndpointView) -> None:
         self.index.forget(endpoint)
+        if self.new is not None:
+            self.new.forget(endpoint.index)
 
 
 class PrefixScorer(Scorer):

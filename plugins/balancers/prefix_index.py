@@ -19,7 +19,7 @@ from operator import and_
 from shuniu.core.contracts import EndpointView
 from shuniu.core.pools.prefix import match_depths
 
-__all__ = ["AgingPrefixIndex", "PrefixIndex"]
+__all__ = ["AgingPrefixIndex", "PrefixIndex", "loop_time"]
 
 
 class PrefixIndex:
@@ -123,7 +123,7 @@ def _per_endpoint(
     return [depths.get(e.index, 0) for e in endpoints]
 
 
-def _loop_time() -> float:
+def loop_time() -> float:
     # The running loop's clock (virtual in ``shuniu simulate``); asking for it this way
     # costs no exception when there is none (a balancer used outside a loop).
     loop = asyncio.events._get_running_loop()
@@ -146,10 +146,10 @@ class AgingPrefixIndex:
         self.memory_s = memory_s
         self.new = PrefixIndex(max_blocks)
         self.old = PrefixIndex(max_blocks)
-        self._born = _loop_time()
+        self._born = loop_time()
 
     def _age(self) -> PrefixIndex:
-        now = _loop_time()
+        now = loop_time()
         if now - self._born > self.memory_s:
             fresh = PrefixIndex(self.max_blocks)
             fresh.outbox, self.new.outbox = self.new.outbox, None
