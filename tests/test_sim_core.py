@@ -3,7 +3,11 @@ preemption, aborts, priorities. Time is passed in by hand."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from shuniu.backends.sim.engine import FINISHED, RUNNING, WAITING, EngineConfig, EngineCore, Seq
+from shuniu.backends.sim.options import SimOptions
 
 
 def _core(**kw: object) -> EngineCore:
@@ -50,6 +54,26 @@ def test_chunked_prefill_splits_long_prompts() -> None:
     whole = _core(max_num_batched_tokens=32, chunked_prefill=False)
     whole.add(Seq("long", list(range(100)), 2))
     assert whole.schedule() is None  # a prompt over the budget cannot start without chunking
+
+
+def test_v0_scheduling_runs_a_new_prompt_before_the_decodes_never_with_them() -> None:
+    # b arrives while a decodes. V1 (the default) takes b's prompt into a's next decode
+    # iteration; V0 (prefill_first) gives it an iteration of its own, at once, and a's next
+    # token waits for it.
+    for prefill_first, second in ((False, [("a", 1), ("b", 10)]), (True, [("b", 10)])):
+        core = _core(chunked_prefill=not prefill_first, prefill_first=prefill_first)
+        a = Seq("a", list(range(20)), 4)
+        core.add(a)
+        first = core.schedule()
+        assert first is not None and [(s.id, n) for s, n in first.items] == [("a", 20)]
+        core.apply(first, 1.0)
+        core.add(Seq("b", list(range(100, 110)), 3))
+        log = _run(core)
+        assert log[0] == second
+        if prefill_first:
+            assert log[1] == [("a", 1), ("b", 1)]  # then everyone decodes together
+            assert all(len({n == 1 for _, n in step}) == 1 for step in log)  # never mixed
+        assert a.output_count == 4 and core.completed == 2
 
 
 def test_prefix_cache_hits_on_shared_prompts() -> None:
@@ -140,3 +164,9 @@ def test_kv_usage_and_load() -> None:
     load = core.load()
     assert load.running == 1 and load.waiting == 0
     assert load.kv_usage == 0.3  # 41 tokens in 16-token blocks
+
+
+def test_v0_scheduling_needs_chunked_prefill_off() -> None:
+    with pytest.raises(ValidationError, match=r"\(V0 scheduling\) needs enable_chunked_prefill: false"):
+        SimOptions(prefill_first=True)
+    assert SimOptions(prefill_first=True, enable_chunked_prefill=False).prefill_first

@@ -100,6 +100,7 @@ def build_engine(options: SimOptions, max_model_len: int | None = None, seed: in
         chunked_prefill=options.enable_chunked_prefill,
         prefix_caching=options.enable_prefix_caching,
         priority=options.scheduling_policy == "priority",
+        prefill_first=options.prefill_first,
     )
     if not options.prefill_engines:
         engine = SimEngine(EngineCore(config), cost, admission_delay=delay, seed=seed)

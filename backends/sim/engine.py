@@ -65,6 +65,7 @@ class EngineConfig:
         "max_num_batched_tokens",
         "max_num_seqs",
         "num_blocks",
+        "prefill_first",
         "prefix_caching",
         "priority",
     )
@@ -79,6 +80,7 @@ class EngineConfig:
         chunked_prefill: bool = True,
         prefix_caching: bool = True,
         priority: bool = False,
+        prefill_first: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -87,6 +89,9 @@ class EngineConfig:
         self.chunked_prefill = chunked_prefill
         self.prefix_caching = prefix_caching
         self.priority = priority
+        self.prefill_first = prefill_first
+        """vLLM's V0 scheduling: an iteration either prefills waiting requests (first, when
+        one can start) or decodes the running ones, never both."""
 
 
 class Seq:
@@ -366,6 +371,12 @@ class EngineCore:
     def schedule(self) -> Batch | None:
         """Plan the next iteration, or ``None`` when there is nothing to run."""
         cfg = self.config
+        if cfg.prefill_first and self.num_waiting and len(self.running) < cfg.max_num_seqs:
+            # V0: waiting prompts first, in an iteration of their own (the decodes wait).
+            batch = Batch()
+            self._admit(batch, cfg.max_num_batched_tokens)
+            if batch.items:
+                return batch
         pool = self.pool
         budget = cfg.max_num_batched_tokens
         bs = cfg.block_size
@@ -421,8 +432,20 @@ class EngineCore:
         batch.prefill_tokens = prefill_tokens
         batch.prefill_attn = prefill_attn
 
-        # Waiting sequences join only if no one had to be preempted (as in vLLM).
-        while not preempted and budget > 0 and len(running) < cfg.max_num_seqs:
+        # Waiting sequences join only if no one had to be preempted (as in vLLM), and under
+        # V0 scheduling never alongside decodes (they had their chance above).
+        if not preempted and not cfg.prefill_first:
+            self._admit(batch, budget)
+        return batch if items else None
+
+    def _admit(self, batch: Batch, budget: int) -> None:
+        """Add waiting sequences to ``batch`` while the token budget, ``max_num_seqs`` and
+        the free KV blocks allow (prefix hits claimed, the rest allocated)."""
+        cfg = self.config
+        pool = self.pool
+        running = self.running
+        items = batch.items
+        while budget > 0 and len(running) < cfg.max_num_seqs:
             seq = self._peek_waiting()
             if seq is None:
                 break
@@ -459,7 +482,6 @@ class EngineCore:
             batch.new_seqs += 1
             batch.prefill_tokens += n
             batch.prefill_attn += n * (cached + n / 2)
-        return batch if items else None
 
     def apply(self, batch: Batch, now: float) -> None:
         """Commit an iteration that ended at ``now``: KV computed, tokens sampled."""

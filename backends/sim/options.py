@@ -52,6 +52,12 @@ class SimOptions(Options):
     """Token budget of one iteration, shared by decodes and prefill chunks."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several iterations instead of waiting for a whole budget."""
+    prefill_first: bool = False
+    """vLLM's V0 scheduling (the V0 engine without chunked prefill; vllm-ascend up to about
+    v0.8): an iteration either prefills waiting requests, first whenever one can start, or
+    decodes the running ones, never both. Arrivals then keep a short TTFT and stall every
+    running sequence's next token instead (TPOT grows with the arrival rate). Needs
+    ``enable_chunked_prefill: false``."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of prompts that share a prefix."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -87,6 +93,8 @@ class SimOptions(Options):
             raise ValueError("output_tokens_min must not exceed output_tokens_max")
         if (self.hardware is None) != (self.model is None):
             raise ValueError("give both `hardware` and `model` profiles, or neither")
+        if self.prefill_first and self.enable_chunked_prefill:
+            raise ValueError("prefill_first (V0 scheduling) needs enable_chunked_prefill: false")
         if (self.prefill_engines == 0) != (self.decode_engines == 0):
             raise ValueError("a prefill/decode split needs both `prefill_engines` and `decode_engines`")
         if self.hardware is not None:
