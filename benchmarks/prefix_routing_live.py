@@ -27,9 +27,10 @@ and whether the run kept the workload's SLO (P99 TTFT <= 2 s).
     python benchmarks/prefix_routing_live.py --loads 2,4,5          # ~30 min on 2 cores
     python benchmarks/prefix_routing_live.py --loads 2 --policies precise_prefix,sglang_cache_aware
 
-Writes benchmarks/results/prefix_routing_live.json (and each run's bench JSON and logs next to
-it). Everything runs on this machine: on two cores the engines, the router and the load
-generator share the CPU, so compare rows of one run, not runs of different days.
+Writes benchmarks/results/prefix_routing_live.json (and each run's bench JSON, its requests
+one per line with their TTFT and cached tokens, and logs next to it). Everything runs on this
+machine: on two cores the engines, the router and the load generator share the CPU, so
+compare rows of one run, not runs of different days.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def run_one(
             *shuniu_command(), "bench", f"{router.url}/v1", "-m", MODEL, "-w", str(WORKLOAD),
             "--rate-scale", f"{load:g}", "--duration", f"{args.duration:g}", "--seed", str(seed),
             "--ignore-eos", "--slo-ttft-ms", f"{SLO_TTFT_S * 1000:g}", "--slo-tpot-ms", f"{SLO_TPOT_MS:g}",
-            "--timeout", "120", "--json", str(out), "--quiet",
+            "--timeout", "120", "--json", str(out), "--requests-out", str(logs / "requests.jsonl"), "--quiet",
         ]  # fmt: skip
         cpu0 = proc_cpu_s(router.pid)
         engines_cpu0 = sum(proc_cpu_s(c.pid) for c in engine_children)

@@ -299,6 +299,26 @@ def test_non_streamed_bodies() -> None:
     assert parse_response(b'{"error": {"message": "no"}}') is None
 
 
+def test_the_prompt_tokens_a_servers_cache_served_are_read_from_usage() -> None:
+    t = SseTracker()
+    t.feed(_chat_event("x"), 1.0)
+    usage = {"prompt_tokens": 300, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 256}}
+    t.feed(b"data: " + msgspec.json.encode({"choices": [], "usage": usage}) + b"\n\n", 1.1)
+    assert (t.prompt_tokens, t.cached_tokens) == (300, 256)
+    plain = SseTracker()
+    plain.feed(_chat_event(usage=(12, 7)), 1.0)
+    assert plain.cached_tokens is None  # the server did not say
+    anthropic = SseTracker()
+    cached = {"input_tokens": 40, "cache_read_input_tokens": 32}
+    start = {"type": "message_start", "message": {"usage": cached}}
+    anthropic.feed(b"event: message_start\ndata: " + msgspec.json.encode(start) + b"\n\n", 1.0)
+    assert (anthropic.prompt_tokens, anthropic.cached_tokens) == (40, 32)
+    body = b'{"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 3, '
+    body += b'"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}}'
+    r = parse_response(body)
+    assert r is not None and r.cached_tokens == 2
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -558,6 +578,7 @@ def test_bench_against_a_gateway(sim_gateway: GatewayProcess, tmp_path: Path) ->
             "5000",
         ),
         *("--plot", str(tmp_path / "plots")),
+        *("--requests-out", str(tmp_path / "requests.jsonl")),
     )
     assert code == 0, out
     req = s["requests"]
@@ -581,6 +602,21 @@ def test_bench_against_a_gateway(sim_gateway: GatewayProcess, tmp_path: Path) ->
     assert sum(p["sent"] for p in s["timeseries"]) == req["issued"]
     assert sum(p["output_tokens"] for p in s["timeseries"]) == pytest.approx(s["output_tokens"]["total"])
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"latency_cdf.png", "throughput.png"}
+    # Every measured request, one JSON line each, in the order they were due.
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == sorted(r["index"] for r in records)
+    assert len(records) == req["succeeded"] and all(r["error"] is None for r in records)
+    assert all(r["output_tokens"] == 8 and 0 < r["ttft_s"] <= r["e2e_s"] for r in records)
+    assert sorted(r["ttft_s"] for r in records)[len(records) // 2] * 1000 == pytest.approx(
+        s["ttft_ms"]["p50"], rel=0.25
+    )
+    # Sent in the plan's order, within the run.
+    sent = [r["sent_s"] for r in records]
+    assert sent == sorted(sent) and 0 <= sent[0] and sent[-1] <= s["duration_s"]
+    # The engine's prefix cache served the 64-token shared prefix to the later ones (whole
+    # blocks of it), and never more than the prompt.
+    assert all(0 <= r["cached_tokens"] <= r["prompt_tokens"] for r in records)
+    assert max(r["cached_tokens"] for r in records) >= 48
 
 
 def test_bench_replays_a_workload_file(sim_gateway: GatewayProcess) -> None:

@@ -63,6 +63,10 @@ class _Choice(msgspec.Struct):
     text: str | None = None
 
 
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -70,10 +74,21 @@ class _Usage(msgspec.Struct):
     input_tokens: int | None = None
     """Anthropic's names for the prompt and completion tokens."""
     output_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+    cache_read_input_tokens: int | None = None
+    """Anthropic's name for the prompt tokens its cache served."""
 
     @property
     def prompt(self) -> int | None:
         return self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens
+
+    @property
+    def cached(self) -> int | None:
+        """Prompt tokens the server's prefix cache served (when it says)."""
+        d = self.prompt_tokens_details
+        if d is not None and d.cached_tokens is not None:
+            return d.cached_tokens
+        return self.cache_read_input_tokens
 
     @property
     def completion(self) -> int | None:
@@ -161,6 +176,10 @@ def _decode(payload: bytes) -> _Payload | None:
     if isinstance(usage, dict):
         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
         out.usage = _Usage(pt if isinstance(pt, int) else None, ct if isinstance(ct, int) else None)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            out.usage.prompt_tokens_details = _PromptDetails(cached)
     return out
 
 
@@ -202,6 +221,8 @@ class Response(msgspec.Struct):
     completion_tokens: int | None = None
     items: int | None = None
     """Vectors (embeddings) or scored documents (rerank, score) the answer holds."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server's prefix cache served (when ``usage`` says)."""
 
 
 def parse_response(body: bytes) -> Response | None:
@@ -211,12 +232,13 @@ def parse_response(body: bytes) -> Response | None:
     if p is None or _error_label(p) is not None:
         return None
     u = p.usage
+    cached = u.cached if u else None
     if p.choices is not None:
         text = "".join(t for t in map(_text_of, p.choices) if t)
-        return Response(text, u.prompt if u else None, u.completion if u else None)
+        return Response(text, u.prompt if u else None, u.completion if u else None, cached_tokens=cached)
     if p.content is not None:
         text = "".join(part.text or "" for part in p.content)
-        return Response(text, u.prompt if u else None, u.completion if u else None)
+        return Response(text, u.prompt if u else None, u.completion if u else None, cached_tokens=cached)
     items = p.data if p.data is not None else p.results
     if items is None:
         return None
@@ -239,6 +261,7 @@ class SseTracker:
     __slots__ = (
         "bad_events",
         "buf",
+        "cached_tokens",
         "chunks",
         "completion_tokens",
         "done",
@@ -263,6 +286,8 @@ class SseTracker:
         """``data: [DONE]`` seen."""
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        """Prompt tokens the server's prefix cache served (from ``usage``, when it says)."""
         self.error: str | None = None
         """``"stream_error <code>"`` when the stream carried an error event."""
         self.bad_events = 0
@@ -311,6 +336,8 @@ class SseTracker:
                     usage = p.message.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
                         self.prompt_tokens = usage["input_tokens"]
+                    if isinstance(usage, dict) and isinstance(usage.get("cache_read_input_tokens"), int):
+                        self.cached_tokens = usage["cache_read_input_tokens"]
             if text:
                 if self.first < 0:
                     self.first = now
@@ -323,6 +350,8 @@ class SseTracker:
                     self.completion_tokens = p.usage.completion
                 if p.usage.prompt is not None:
                     self.prompt_tokens = p.usage.prompt
+                if p.usage.cached is not None:
+                    self.cached_tokens = p.usage.cached
             if p.error is not None or p.object == "error":
                 label = _error_label(p)
                 if label is not None and self.error is None:
@@ -418,6 +447,7 @@ class Call:
     dispatched it: TTFT and end-to-end latency count from here), ``end``."""
 
     __slots__ = (
+        "cached_tokens",
         "chunks",
         "completion_tokens",
         "end",
@@ -464,6 +494,8 @@ class Call:
         self.gaps: list[float] | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        """Prompt tokens the server's prefix cache served (when its ``usage`` says)."""
         self.text = ""
         """The answer of a non-streamed response without ``usage`` (to count its tokens)."""
         self.items: int | None = None
@@ -619,6 +651,7 @@ class _Conn(asyncio.Protocol):
             call.gaps = tracker.gaps
             call.prompt_tokens = tracker.prompt_tokens
             call.completion_tokens = tracker.completion_tokens
+            call.cached_tokens = tracker.cached_tokens
             if error is None:
                 if tracker.error is not None:
                     error = tracker.error
@@ -638,6 +671,7 @@ class _Conn(asyncio.Protocol):
                     call.text = resp.text if resp.completion_tokens is None else ""
                     call.prompt_tokens = resp.prompt_tokens
                     call.completion_tokens = resp.completion_tokens
+                    call.cached_tokens = resp.cached_tokens
                     call.items = resp.items
         call.error = error
         self.parts = []

@@ -8,6 +8,7 @@ command runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -276,6 +277,15 @@ def _progress_display(console: Any, by_time: bool) -> Any:
     help="Write every number as JSON to FILE ('-': stdout, tables then go to stderr).",
 )
 @click.option(
+    "--requests-out",
+    "requests_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Also write every measured request as a JSON line to FILE: when it was sent, its TTFT "
+    "and end-to-end seconds, prompt, output and cached tokens (from the server's usage), error.",
+)
+@click.option(
     "--plot",
     "plot_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -526,6 +536,7 @@ def bench_command(ctx: click.Context, url: str, **o: Any) -> None:
         verify_tls=not o["insecure"],
         user_agent=f"shuniu-bench/{__version__}",
         goodput=goodput,
+        keep_requests=o["requests_out"] is not None,
     )
     _run_and_report(ctx, spec, plan, config, slo_ms or None, o)
 
@@ -572,6 +583,10 @@ def _run_and_report(
         if display is not None:
             display.stop()
     summary = summarize(result, config, slo)
+    if o.get("requests_out") is not None:
+        with Path(o["requests_out"]).open("w", encoding="utf-8") as f:
+            for rec in sorted(result.records, key=lambda r: r.index):
+                f.write(json.dumps(dataclasses.asdict(rec)) + "\n")
     if o["json_out"]:
         text = json.dumps(summary, indent=2)
         if json_to_stdout:

@@ -32,7 +32,7 @@ from shuniu.core.tokens import count_tokens
 from shuniu.plugins.tools.bench.client import ROUTES, Call, Endpoint, Pool, request_head
 from shuniu.plugins.tools.bench.traffic import Planned
 
-__all__ = ["Progress", "RunResult", "RunSpec", "run", "run_sync"]
+__all__ = ["Progress", "RequestRecord", "RunResult", "RunSpec", "run", "run_sync"]
 
 _TICK_S = 0.1
 _EARLY_S = 0.0005
@@ -62,6 +62,28 @@ class RunSpec:
     user_agent: str = "shuniu-bench"
     goodput: Callable[[float | None, float | None, float], bool] | None = None
     """``(ttft, tpot, e2e) -> meets the SLO`` (seconds; ttft None when not streamed)."""
+    keep_requests: bool = False
+    """Keep one :class:`RequestRecord` per measured request (``RunResult.records``)."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One measured request, as ``shuniu bench --requests-out`` writes it (seconds)."""
+
+    index: int
+    """Its place in the plan (the order requests were due)."""
+    sent_s: float
+    """When it was sent, from the start of the run."""
+    ttft_s: float | None
+    """Time to its first content chunk (streamed answers only)."""
+    e2e_s: float
+    prompt_tokens: int
+    """As the server's ``usage`` counted them (else as planned)."""
+    output_tokens: int | None
+    """As ``usage`` counted them (else None)."""
+    cached_tokens: int | None
+    """Prompt tokens the server's prefix cache served, when its ``usage`` says."""
+    error: str | None
 
 
 @dataclass
@@ -127,6 +149,8 @@ class RunResult:
     series_inflight_sum: list[float] = field(default_factory=list)
     series_inflight_n: list[int] = field(default_factory=list)
     series_inflight_max: list[int] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+    """Every measured request, when ``RunSpec.keep_requests`` (in the order they ended)."""
 
     def _grow(self, second: int) -> None:
         n = second + 1 - len(self.series_sent)
@@ -299,6 +323,19 @@ class _Run:
                         r.tpot.append(tpot)
                 if self.spec.goodput is not None and self.spec.goodput(ttft, tpot, e2e):
                     r.good += 1
+        if call.measured and self.spec.keep_requests and call.error != "aborted":
+            r.records.append(
+                RequestRecord(
+                    call.index,
+                    (call.issued or call.intended) - self.t0,
+                    call.ttft,
+                    call.e2e,
+                    call.prompt_tokens if call.prompt_tokens is not None else call.planned_prompt,
+                    call.completion_tokens,
+                    call.cached_tokens,
+                    call.error,
+                )
+            )
         if call.measured and call.end > self.last_end:
             self.last_end = call.end
         if self.spec.concurrency:
