@@ -287,11 +287,11 @@ def main() -> None:
     args = ap.parse_args()
     plugins = load_plugins()
     rows = []
-    contrast = [c for c in CASES if not c.counted and (not args.only or args.only in c.name)]
-    for case in [c for c in CASES if c.counted] + contrast:
-        if args.only and args.only not in case.name:
-            continue
-        if case is (contrast[0] if contrast else None):
+    chosen = [c for c in CASES if not args.only or args.only in c.name]
+    counted = [c for c in chosen if c.counted]
+    contrast = [c for c in chosen if not c.counted]
+    for case in counted + contrast:
+        if contrast and case is contrast[0]:
             print("\nFor contrast, the profile of the other execution mode (not counted):")
         value = run(case, plugins)
         error = value / case.published - 1

@@ -334,10 +334,11 @@ class SseTracker:
                     self.done = True  # Anthropic's streams end with it, not with [DONE]
                 elif isinstance(p.message, dict):
                     usage = p.message.get("usage")
-                    if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
-                        self.prompt_tokens = usage["input_tokens"]
-                    if isinstance(usage, dict) and isinstance(usage.get("cache_read_input_tokens"), int):
-                        self.cached_tokens = usage["cache_read_input_tokens"]
+                    if isinstance(usage, dict):
+                        if isinstance(usage.get("input_tokens"), int):
+                            self.prompt_tokens = usage["input_tokens"]
+                        if isinstance(usage.get("cache_read_input_tokens"), int):
+                            self.cached_tokens = usage["cache_read_input_tokens"]
             if text:
                 if self.first < 0:
                     self.first = now
