@@ -196,3 +196,27 @@ def test_a_killed_engine_loses_its_entries_and_its_restart_is_followed(engines: 
     assert sent[2].hits > 0 and sent[3].hits > 0, shown
     # The restarted engine numbers its batches from 0 again: its feed noticed and followed.
     assert cluster.gateway_metrics().get(("shuniu_kv_event_resets_total", victim), 0) > resets_before
+
+
+def test_a_prompt_scheduled_twice_at_once_is_computed_once(engines: Engines) -> None:
+    """vLLM V1 caches a block when its tokens are scheduled, not when computed: of two equal
+    new prompts sent together, the one scheduled second finds the first one's blocks, whether
+    it joined the same step or a later one (the simulator's engine does the same:
+    ``tests/test_sim_core.py::test_a_prompt_admitted_twice_in_one_step_is_computed_once``)."""
+    cluster = engines.cluster
+    endpoint = ENDPOINTS[0]
+    ids = [random.Random(11).randrange(100, 8000) for _ in range(6 * BLOCK + 5)]
+    queries0, hits0 = cluster.engine_counters(endpoint)
+    r = httpx.post(
+        f"http://127.0.0.1:{cluster.engines[endpoint]}/v1/completions",
+        json={"model": "tiny", "prompt": [ids, ids], "max_tokens": 1, "temperature": 0},
+        timeout=120,
+    )
+    r.raise_for_status()
+    assert len(r.json()["choices"]) == 2
+    _, hits = wait_until(
+        lambda: c if (c := cluster.engine_counters(endpoint))[0] - queries0 == 2 * len(ids) else None,
+        timeout=60,
+        interval=0.05,
+    )
+    assert hits - hits0 == 6 * BLOCK  # the second prompt's full blocks, none of the first's

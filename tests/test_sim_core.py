@@ -94,6 +94,44 @@ def test_prefix_cache_hits_on_shared_prompts() -> None:
     assert log[0] == [("again", 2)] and core.prefix_hits == 96
 
 
+def test_a_prompt_admitted_twice_in_one_step_is_computed_once() -> None:
+    # vLLM V1 caches a block when its tokens are scheduled (KVCacheManager.allocate_slots), so
+    # the second of two equal prompts admitted in one step finds the first's blocks
+    # (tests/test_kv_events_real.py checks a real vLLM). V0 marked blocks computed only after
+    # the step: both prompts compute everything.
+    for prefill_first, hits, second in ((False, 48, 2), (True, 0, 50)):
+        core = _core(chunked_prefill=not prefill_first, prefill_first=prefill_first)
+        prompt = list(range(50))
+        core.add(Seq("a", prompt, 2))
+        core.add(Seq("b", list(prompt), 2))
+        batch = core.schedule()
+        assert batch is not None and [(s.id, n) for s, n in batch.items] == [("a", 50), ("b", second)]
+        assert core.prefix_hits == hits
+        core.apply(batch, 1.0)
+        _run(core)
+        assert core.completed == 2 and core.pool.used == 0
+
+
+def test_a_chunk_in_flight_is_found_by_the_next_admission() -> None:
+    # A long prompt's first chunk is scheduled; a request with the same prefix admitted in
+    # that step finds the chunk's full blocks (not the rest of the prompt, not yet scheduled).
+    core = _core(max_num_batched_tokens=40)
+    shared = list(range(64))
+    core.add(Seq("long", shared, 1))
+    core.add(Seq("short", [*shared[:20], 7], 1))
+    batch = core.schedule()
+    assert batch is not None and [(s.id, n) for s, n in batch.items] == [("long", 40)]
+    core.apply(batch, 1.0)
+    follower = Seq("follower", [*shared[:48], 9], 1)
+    core.add(follower)
+    batch = core.schedule()
+    assert batch is not None
+    # long's second chunk (24 tokens) fills blocks 2-3 in this step; short (20 tokens, block 0
+    # cached) and follower (49 tokens, blocks 0-2 cached once long's chunk is scheduled) follow
+    assert [(s.id, n) for s, n in batch.items] == [("long", 24), ("short", 5), ("follower", 1)]
+    assert follower.cached_tokens == 48
+
+
 def test_output_blocks_are_cached_for_the_next_turn() -> None:
     core = _core()
     turn1 = Seq("t1", list(range(16)), 32, output_seed=7)

@@ -385,6 +385,10 @@ class EngineCore:
         preempted = False
         running = self.running
         chunked = cfg.chunked_prefill
+        # V1 caches a block when its tokens are scheduled, not when computed (vLLM's
+        # KVCacheManager.allocate_slots): a request admitted later in the same step hits
+        # the blocks an earlier one computes in it. V0 marked them after the step (apply).
+        register = cfg.prefix_caching and not cfg.prefill_first
         decode_seqs = decode_kv = prefill_tokens = 0
         prefill_attn = 0.0
         # Hot loop (once per running sequence per iteration): locals, no helper calls.
@@ -418,6 +422,8 @@ class EngineCore:
                     continue
                 blocks.extend(new)  # type: ignore[arg-type]
             items.append((seq, n))
+            if register and nc + n >= (seq.num_hashed + 1) * bs:
+                self._register_full(seq, (nc + n) // bs)
             budget -= n
             if need == 1 and seq.output_count:
                 decode_seqs += 1
@@ -445,6 +451,7 @@ class EngineCore:
         pool = self.pool
         running = self.running
         items = batch.items
+        register = cfg.prefix_caching and not cfg.prefill_first  # see schedule()
         while budget > 0 and len(running) < cfg.max_num_seqs:
             seq = self._peek_waiting()
             if seq is None:
@@ -473,6 +480,8 @@ class EngineCore:
             seq.blocks = hits + new
             seq.num_hashed = len(hits)
             seq.num_computed = cached
+            if register and cached + n >= (len(hits) + 1) * cfg.block_size:
+                self._register_full(seq, (cached + n) // cfg.block_size)
             if seq.cached_tokens is None:  # the first admission (a preempted one recomputes)
                 seq.cached_tokens = min(cached, seq.prompt_len)
             seq.status = RUNNING
@@ -487,7 +496,7 @@ class EngineCore:
         """Commit an iteration that ended at ``now``: KV computed, tokens sampled."""
         self.iterations += 1
         bs = self.config.block_size
-        caching = self.config.prefix_caching
+        caching = self.config.prefix_caching and self.config.prefill_first  # V1: at schedule()
         pool = self.pool
         events = self.kv_events
         if events is not None and pool.removed:
@@ -661,6 +670,9 @@ class EngineCore:
         pool, bs = self.pool, self.config.block_size
         hashes, blocks = seq.hashes, seq.blocks
         assert self.kv_events is not None
+        if pool.removed:  # evicted by the allocations before this: published first, in order
+            self.kv_events.append(BlockRemoved(pool.removed, "GPU"))
+            pool.removed = []
         run = -1
         for b in range(seq.num_hashed, full + 1):
             new = b < full and pool.register(blocks[b], hashes[b])
