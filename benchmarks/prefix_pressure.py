@@ -9,6 +9,7 @@ in-process simulator publishes vLLM's); ``prefix_affinity`` only what it dispatc
 
     python benchmarks/prefix_pressure.py                       # ~4 min on 2 cores
     python benchmarks/prefix_pressure.py --loads 2,3 --seeds 0 --policies prefix_affinity,precise_prefix
+    python benchmarks/prefix_pressure.py --workload examples/workloads/hot-prompt-kv-pressure.yaml --loads 5,6
 
 Prints one row per policy and load (medians over the seeds, and the worst seed's P99) and
 writes benchmarks/results/prefix_pressure.json.
@@ -53,6 +54,12 @@ def main() -> None:
     ap.add_argument("--loads", default="1,2,3,4,5", help="Multiples of the workload's rate (10 requests/s).")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument(
+        "--workload",
+        type=Path,
+        default=WORKLOAD,
+        help="Another workload for the same engines (e.g. examples/workloads/hot-prompt-kv-pressure.yaml).",
+    )
+    ap.add_argument(
         "--balancer-options",
         default="",
         help="Options for the balancers, as the inside of a YAML mapping (e.g. 'waiting_cost_tokens: 0').",
@@ -61,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console()
     plugins = load_plugins()
-    base = load_workload(WORKLOAD)
+    base = load_workload(args.workload)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     table = Table(title="Prefix routing under KV-cache pressure (virtual time)")
@@ -96,7 +103,7 @@ def main() -> None:
             )  # fmt: skip
             console.print(f"  {policy} {load:g}x: p99 {p99:.2f} s, hits {hits:.1%}", highlight=False)
     console.print(table)
-    write_json(args.out, {"workload": str(WORKLOAD.relative_to(ROOT)), "seeds": seeds, "rows": rows})
+    write_json(args.out, {"workload": str(args.workload), "seeds": seeds, "rows": rows})
     console.print(f"wrote {args.out}")
 
 
