@@ -20,7 +20,10 @@ Routers, each in front of four fresh engines (every run starts with empty caches
       python -m venv ~/.cache/shuniu/peers && ~/.cache/shuniu/peers/bin/pip install sglang-router==0.3.2
 
 Columns: TTFT p50/p99 seen by the client, the engines' own prefix-cache hit rate
-(``vllm:prefix_cache_hits_total`` over ``..._queries_total``, all four), goodput (requests
+(``vllm:prefix_cache_hits_total`` over ``..._queries_total``, all four; a preempted request is
+looked up again when readmitted, so they count it twice), the share of the prompt tokens
+each request was served from the cache (the engines' ``cached_tokens`` in each response's
+usage, once per request), the engines' preemptions, goodput (requests
 with TTFT <= 2 s and time per output token <= 200 ms, the workload's SLO, over those sent)
 and whether the run kept the workload's SLO (P99 TTFT <= 2 s).
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -108,13 +112,17 @@ def write_tokenizer(out: Path) -> Path:
     return out
 
 
-def engine_counters(port: int) -> tuple[int, int]:
-    """(prefix-cache queries, hits), tokens, from one engine's /metrics."""
+def engine_counters(port: int) -> tuple[int, int, int]:
+    """(prefix-cache queries, hits, preemptions), tokens and requests, from one engine's
+    /metrics. A preempted request is looked up again when it is readmitted, mostly finding
+    its own blocks: the engines' hit rate then counts it twice."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        m = parse_vllm_metrics(r.read())
-    return int(m.prefix_queries or 0), int(m.prefix_hits or 0)
+        page = r.read()
+    m = parse_vllm_metrics(page)
+    found = re.search(rb"^vllm:num_preemptions_total(?:\{[^}]*\})? ([0-9.e+]+)$", page, re.M)
+    return int(m.prefix_queries or 0), int(m.prefix_hits or 0), int(float(found.group(1))) if found else 0
 
 
 def deployment(policy: str, engines: list[tuple[int, int]], tokenizer: Path, options: str = "") -> str:
@@ -227,11 +235,19 @@ def run_one(
         ticks1 = machine_ticks()
         if code != 0:
             raise RuntimeError(f"shuniu bench exited with {code}:\n{bench.log_tail()}")
-        queries = hits = 0
+        queries = hits = preemptions = 0
         for port, _ in engines:
-            q, h = engine_counters(port)
-            queries, hits = queries + q, hits + h
+            q, h, p = engine_counters(port)
+            queries, hits, preemptions = queries + q, hits + h, preemptions + p
     s = json.loads(out.read_text())
+    # What each request was served from the cache, as the engine told its client (usage's
+    # cached_tokens): counted once per request, whatever the engines readmitted.
+    served_cached = served_prompt = 0
+    for line in (logs / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if not r.get("error"):
+            served_cached += r.get("cached_tokens") or 0
+            served_prompt += r.get("prompt_tokens") or 0
     ttft = s["ttft_ms"]
     done = s["requests"]["succeeded"]
     row = {
@@ -244,6 +260,10 @@ def run_one(
         "ttft_p50_s": (ttft["p50"] or 0) / 1000,
         "ttft_p99_s": (ttft["p99"] or 0) / 1000,
         "prefix_hit_rate": hits / queries if queries else 0.0,
+        "preemptions": preemptions,
+        "served_cached_tokens": served_cached,
+        "served_prompt_tokens": served_prompt,
+        "served_share": served_cached / served_prompt if served_prompt else 0.0,
         "goodput": s["goodput"]["share"] if s["goodput"] else None,
         "router_cpu_ms_per_request": 1000 * router_cpu / done if done else None,
         "engines_cpu_ms_per_request": 1000 * engines_cpu / done if done else None,
@@ -318,15 +338,16 @@ def main() -> int:
     table = Table(
         title="Prefix routing in front of 4 shuniu sim serve engines (real time; medians over seeds)"
     )
-    cols = ("policy", "load", "req/s", "TTFT p50", "TTFT p99", "worst p99", "prefix hits", "goodput",
-            "SLO kept", "router CPU/req")  # fmt: skip
+    cols = ("policy", "load", "req/s", "TTFT p50", "TTFT p99", "worst p99", "prefix hits", "served",
+            "preempted", "goodput", "SLO kept", "router CPU/req")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for load, policy, runs in summarize(rows, policies):
         table.add_row(
             policy, f"x{load:g}", f"{med(runs, 'offered_rps'):.1f}", f"{med(runs, 'ttft_p50_s'):.3f} s",
             f"{med(runs, 'ttft_p99_s'):.2f} s", f"{max(r['ttft_p99_s'] for r in runs):.2f} s",
-            f"{med(runs, 'prefix_hit_rate'):.2%}", f"{med(runs, 'goodput'):.1%}",
+            f"{med(runs, 'prefix_hit_rate'):.2%}", f"{med(runs, 'served_share'):.3%}",
+            f"{med(runs, 'preemptions'):.0f}", f"{med(runs, 'goodput'):.1%}",
             f"{sum(r['slo_met'] for r in runs)}/{len(runs)}",
             f"{med(runs, 'router_cpu_ms_per_request'):.1f} ms",
         )  # fmt: skip
