@@ -132,6 +132,29 @@ def test_a_chunk_in_flight_is_found_by_the_next_admission() -> None:
     assert follower.cached_tokens == 48
 
 
+def test_a_steps_evictions_are_published_before_its_stores() -> None:
+    # Blocks are stored when a step is scheduled, and the allocations of that step evict
+    # first: a subscriber applying the events in order must end with the new blocks held
+    # and the evicted ones gone, whatever hashes the two share.
+    core = _core(num_blocks=4)
+    core.publish_kv_events()
+    old = Seq("old", list(range(48)), 1)
+    core.add(old)
+    _run(core)  # three full blocks cached, then free (evictable)
+    assert core.kv_events is not None
+    core.kv_events = []
+    new = Seq("new", list(range(500, 548)), 1)
+    core.add(new)
+    batch = core.schedule()
+    assert batch is not None
+    kinds = [type(e).__name__ for e in core.kv_events]
+    assert kinds == ["BlockRemoved", "BlockStored"], kinds
+    removed, stored = core.kv_events
+    # one block of four was never used; the other two come from old's, its tail first
+    assert set(removed.block_hashes) == {old.hashes[1], old.hashes[2]}  # type: ignore[union-attr]
+    assert stored.block_hashes == new.hashes[:3]  # type: ignore[union-attr]
+
+
 def test_output_blocks_are_cached_for_the_next_turn() -> None:
     core = _core()
     turn1 = Seq("t1", list(range(16)), 32, output_seed=7)
