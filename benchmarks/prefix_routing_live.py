@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -70,6 +69,7 @@ from harness import (  # noqa: E402
     write_json,
 )
 
+from shuniu.backends.http import samples, series_pattern  # noqa: E402
 from shuniu.backends.vllm.metrics import parse_vllm_metrics  # noqa: E402
 from shuniu.plugins.tools.bench.prompts import VOCABULARY  # noqa: E402
 
@@ -112,6 +112,9 @@ def write_tokenizer(out: Path) -> Path:
     return out
 
 
+_PREEMPTIONS = series_pattern(["vllm:num_preemptions_total"])
+
+
 def engine_counters(port: int) -> tuple[int, int, int]:
     """(prefix-cache queries, hits, preemptions), tokens and requests, from one engine's
     /metrics. A preempted request is looked up again when it is readmitted, mostly finding
@@ -121,8 +124,8 @@ def engine_counters(port: int) -> tuple[int, int, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         page = r.read()
     m = parse_vllm_metrics(page)
-    found = re.search(rb"^vllm:num_preemptions_total(?:\{[^}]*\})? ([0-9.e+]+)$", page, re.M)
-    return int(m.prefix_queries or 0), int(m.prefix_hits or 0), int(float(found.group(1))) if found else 0
+    preempted = sum(v for _, _, v in samples(page, _PREEMPTIONS))
+    return int(m.prefix_queries or 0), int(m.prefix_hits or 0), int(preempted)
 
 
 def deployment(policy: str, engines: list[tuple[int, int]], tokenizer: Path, options: str = "") -> str:
