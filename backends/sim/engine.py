@@ -93,6 +93,14 @@ class EngineConfig:
         """vLLM's V0 scheduling: an iteration either prefills waiting requests (first, when
         one can start) or decodes the running ones, never both."""
 
+    @property
+    def caches_when_scheduled(self) -> bool:
+        """Whether a block becomes findable in the prefix cache when the iteration computing
+        it is scheduled, as V1 caches it (vLLM's ``KVCacheManager.allocate_slots``): a request
+        admitted later in the same step hits the blocks an earlier one computes in it. V0
+        marked them computed after the step (:meth:`EngineCore.apply`)."""
+        return self.prefix_caching and not self.prefill_first
+
 
 class Seq:
     """One request inside the engine."""
@@ -385,10 +393,7 @@ class EngineCore:
         preempted = False
         running = self.running
         chunked = cfg.chunked_prefill
-        # V1 caches a block when its tokens are scheduled, not when computed (vLLM's
-        # KVCacheManager.allocate_slots): a request admitted later in the same step hits
-        # the blocks an earlier one computes in it. V0 marked them after the step (apply).
-        register = cfg.prefix_caching and not cfg.prefill_first
+        register = cfg.caches_when_scheduled
         decode_seqs = decode_kv = prefill_tokens = 0
         prefill_attn = 0.0
         # Hot loop (once per running sequence per iteration): locals, no helper calls.
@@ -451,7 +456,7 @@ class EngineCore:
         pool = self.pool
         running = self.running
         items = batch.items
-        register = cfg.prefix_caching and not cfg.prefill_first  # see schedule()
+        register = cfg.caches_when_scheduled
         while budget > 0 and len(running) < cfg.max_num_seqs:
             seq = self._peek_waiting()
             if seq is None:
@@ -495,8 +500,9 @@ class EngineCore:
     def apply(self, batch: Batch, now: float) -> None:
         """Commit an iteration that ended at ``now``: KV computed, tokens sampled."""
         self.iterations += 1
-        bs = self.config.block_size
-        caching = self.config.prefix_caching and self.config.prefill_first  # V1: at schedule()
+        cfg = self.config
+        bs = cfg.block_size
+        caching = cfg.prefix_caching and not cfg.caches_when_scheduled  # V0 registers here
         pool = self.pool
         events = self.kv_events
         if events is not None and pool.removed:
