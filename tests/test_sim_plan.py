@@ -278,6 +278,37 @@ def test_the_knobs_an_expert_would_tune() -> None:
     _unique(result)
 
 
+def test_a_larger_chunk_is_settled_by_a_smaller_one_missing_the_itl_target() -> None:
+    # The start is the 512-token chunk (the largest whose iteration fits the ITL target);
+    # 2048 misses the ITL target, so 8192, which only lengthens the iterations that carry a
+    # chunk further, is rejected with that reason and never simulated.
+    workload = _workload(
+        30,
+        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
+        input_tokens="{dist: uniform, min: 3000, max: 6000}",
+        output_tokens="64",
+    )
+    pins = {**PINNED, "max_num_batched_tokens": [512, 2048, 8192]}
+    result = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, **pins)
+    assert result.recommendation is not None and result.recommendation.config["max_num_batched_tokens"] == 512
+    reasons = {r.change: r.reason for r in result.rejected}
+    assert "ITL p99" in reasons["chunk 2048"] and not reasons["chunk 2048"].startswith("chunk")
+    assert reasons["chunk 8192"].startswith("chunk 2048 already missed at"), reasons
+    assert not [t for t in result.tried if t.config["max_num_batched_tokens"] == 8192]
+    _unique(result)
+
+
+def test_a_chunk_below_the_sequence_limit_lowers_the_limit_to_fit() -> None:
+    # vLLM refuses max_num_batched_tokens < max_num_seqs: the 128-token chunk is tried with
+    # 128 sequences (the largest allowed value within it), not skipped.
+    workload = _workload(5, LIGHT_SLO, duration=20)
+    pins = {**PINNED, "max_num_batched_tokens": [128, 8192], "max_num_seqs": [64, 128, 256]}
+    result = plan("llama-3.1-8b", "h100-sxm", workload, duration=20, tensor_parallel_size=1, **pins)
+    small = [t for t in result.tried if t.config["max_num_batched_tokens"] == 128]
+    assert small and {t.config["max_num_seqs"] for t in small} == {128}, [t.label for t in result.tried]
+    assert all(t.config["max_num_seqs"] <= t.config["max_num_batched_tokens"] for t in result.tried)
+
+
 def test_trials_side_by_side_give_the_same_answer(tmp_path: Path) -> None:
     # The knob probes (and the confirmations) run in two worker processes: the same trials
     # are judged the same way, so the answer and the reasons do not change.

@@ -131,7 +131,7 @@ class _Bar(PlanReporter):
     "--max-num-batched-tokens",
     default=None,
     help="Iteration token budgets (prefill chunk sizes) to choose from, comma-separated "
-    "(default: 256,512,1024,2048,8192).",
+    "(default: 128,256,512,1024,2048,8192; a chunk below the sequence limit lowers it to fit).",
 )
 @click.option(
     "--prefix-caching/--no-prefix-caching",

@@ -24,7 +24,9 @@ The search:
    limit) or when an unloaded *floor* run shows that even one idle replica misses.
 2. **One knob at a time** (:data:`~shuniu.plugins.tools.plan.shapes.DIMENSIONS`): each other
    value of a knob is tried at the most replicas that would still cost less than the best so
-   far. Missing there rejects it (no fewer replicas can do better) with the reason; so does,
+   far (the chunks above the current one smallest first: once one misses the ITL target the
+   larger ones are rejected unrun, :meth:`Planner._chunk_settled`). Missing there rejects it
+   (no fewer replicas can do better) with the reason; so does,
    without a simulation, a roofline guess more than twice that count, or a single iteration
    slower than a target. A value that meets has its own count searched and may become the best. Passes
    repeat (at most :data:`MAX_PASSES`) while one improves the best.
@@ -43,6 +45,7 @@ arithmetic of one replica (:func:`~shuniu.backends.sim.kv_report`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -594,12 +597,14 @@ class Planner:
             for dimension in DIMENSIONS:
                 center = best[0] if best is not None else start
                 shapes = [x for x in self.space.neighbours(center, dimension) if x not in self.visited]
-                self.prefetch(self._probes(shapes, best[1] if best is not None else None))
-                for shape in shapes:
-                    trial = self.attempt(shape, center, best[1] if best is not None else None)
-                    if trial is not None and (best is None or self.better(trial, best[1])):
-                        best = (shape, trial)
-                        improved = True
+                for batch in self._waves(dimension, center, shapes):
+                    batch = [x for x in batch if not self._chunk_settled(x, center, best)]
+                    self.prefetch(self._probes(batch, best[1] if best is not None else None))
+                    for shape in batch:
+                        trial = self.attempt(shape, center, best[1] if best is not None else None)
+                        if trial is not None and (best is None or self.better(trial, best[1])):
+                            best = (shape, trial)
+                            improved = True
             if not improved:
                 break
         if best is None:
@@ -670,6 +675,47 @@ class Planner:
                 if self.better(trial, current):
                     answer = (other_shape, trial)
         return answer
+
+    def _waves(self, dimension: str, center: Shape, shapes: list[Shape]) -> list[list[Shape]]:
+        """The order in which one knob's values are tried, in waves run side by side: all at
+        once, except the chunks above ``center``'s, smallest first and as many at a time as
+        there are workers, so that one missing its ITL target settles the larger ones
+        (:meth:`_chunk_settled`) before they are run."""
+        if dimension != "max_num_batched_tokens":
+            return [shapes]
+        chunk = center.max_num_batched_tokens
+        smaller = [x for x in shapes if x.max_num_batched_tokens < chunk]
+        larger = sorted(
+            (x for x in shapes if x.max_num_batched_tokens > chunk), key=lambda x: x.max_num_batched_tokens
+        )
+        step = max(1, self.jobs)
+        return [smaller, *(larger[i : i + step] for i in range(0, len(larger), step))]
+
+    def _chunk_settled(self, shape: Shape, center: Shape, best: tuple[Shape, Trial] | None) -> bool:
+        """Whether ``shape``, a larger chunk than ``center``'s and otherwise the same, is
+        rejected without a simulation (and is, with the reason): a chunk between the two
+        already missed the ITL target at as many replicas or more. A larger chunk only
+        lengthens the iterations that carry one, which is what sets a missed ITL p99."""
+        chunk = shape.max_num_batched_tokens
+        if best is None or chunk <= center.max_num_batched_tokens:
+            return False
+        if shape != dataclasses.replace(center, max_num_batched_tokens=chunk):
+            return False
+        cap = min(self.max_replicas, self.cheaper_than(shape, best[1].cost_per_hour))
+        for smaller in (c for c in self.space.chunks if center.max_num_batched_tokens < c < chunk):
+            other = dataclasses.replace(center, max_num_batched_tokens=smaller)
+            missed = self._failed_at_or_above(other, cap) if other in self.visited else None
+            if missed is not None and any(f.startswith("ITL") for f in missed.failures):
+                self.visited.add(shape)
+                self.reject(
+                    shape,
+                    center,
+                    missed.replicas,
+                    f"chunk {smaller} already missed at {missed.replicas} replicas: "
+                    + "; ".join(missed.failures),
+                )
+                return True
+        return False
 
     def _runners_up(self, shape: Shape) -> list[Trial]:
         """The cheapest short-run trial meeting the SLO of every other shape, cheapest first."""

@@ -44,9 +44,11 @@ DIMENSIONS = (
 )
 """The knobs, in the order a plan varies them (the cheapest to try and the most telling first)."""
 
-CHUNK_SIZES = (256, 512, 1024, 2048, 8192)
+CHUNK_SIZES = (128, 256, 512, 1024, 2048, 8192)
 """``max_num_batched_tokens`` values tried: the prefill chunk an iteration may carry. Small
-chunks keep decode iterations short (ITL), large ones prefill faster (TTFT, throughput)."""
+chunks keep decode iterations short (ITL), large ones prefill faster (TTFT, throughput). A
+chunk below ``max_num_seqs`` comes with ``max_num_seqs`` lowered to fit it (vLLM refuses a
+token budget smaller than its sequence limit)."""
 
 MAX_NUM_SEQS = (64, 128, 256, 512)
 """``max_num_seqs`` values tried."""
@@ -323,10 +325,20 @@ class Space:
 
         split = next((t for t in sizes if fits(t, self.chunks[0])), sizes[-1])
         chunk = max((c for c in self.chunks if fits(split, c)), default=self.chunks[0])
-        shape = dataclasses.replace(
-            shape, tensor_parallel=split[0], pipeline_parallel=split[1], max_num_batched_tokens=chunk
+        shape = self.with_chunk(
+            dataclasses.replace(shape, tensor_parallel=split[0], pipeline_parallel=split[1]), chunk
         )
         return self.valid(shape) or shape
+
+    def with_chunk(self, shape: Shape, chunk: int) -> Shape:
+        """``shape`` with a prefill chunk of ``chunk`` tokens, and ``max_num_seqs`` lowered
+        to the largest allowed value within it when the chunk is smaller (the pair an
+        expert would set: a small chunk for ITL without giving up the batch's other
+        sequences)."""
+        seqs = shape.max_num_seqs
+        if chunk < seqs:
+            seqs = max((n for n in self.seqs if n <= chunk), default=seqs)
+        return dataclasses.replace(shape, max_num_batched_tokens=chunk, max_num_seqs=seqs)
 
     def valid(self, shape: Shape) -> Shape | None:
         """``shape`` if it can run (vLLM wants a token budget of at least ``max_num_seqs``)."""
@@ -343,7 +355,7 @@ class Space:
         if dimension == "balancer":
             out = [replace(shape, balancer=b) for b in self.balancers]
         elif dimension == "max_num_batched_tokens":
-            out = [replace(shape, max_num_batched_tokens=c) for c in self.chunks]
+            out = [self.with_chunk(shape, c) for c in self.chunks]
         elif dimension == "max_num_seqs":
             out = [replace(shape, max_num_seqs=n) for n in self.seqs]
         elif dimension == "prefix_caching":
