@@ -101,8 +101,26 @@ def test_step_time_matches_breakdown() -> None:
     for args in ((0, 0.0, 1, 100), (2048, 2048 * 1024.0, 0, 0), (512, 512 * 4096.0, 100, 300_000)):
         b = cm.breakdown(*args)
         assert cm.step_time(*args) == pytest.approx(b.total_s)
-        assert b.total_s == pytest.approx(max(b.compute_s, b.memory_s) + b.overhead_s + b.comm_s)
+        assert b.total_s == pytest.approx(b.kernels_s + b.overhead_s + b.comm_s)
+        assert max(b.compute_s, b.memory_s) <= b.kernels_s <= b.compute_s + b.memory_s
         assert b.comm_s > 0
+
+
+def test_a_decode_batch_whose_matmuls_are_compute_bound_still_pays_for_its_kv_reads() -> None:
+    # 512 sequences of Llama-3.1-8B on an H100: the matmuls are past the ridge, so one
+    # roofline over the sums would hide the KV reads of longer contexts behind their FLOPs.
+    # The matmuls and attention are separate kernels: each extra context token of each
+    # sequence costs its KV bytes over the achievable bandwidth, as the profile says.
+    model, hw = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
+    cm = CostModel(model, hw, 1)
+    batch = 512
+    short = cm.breakdown(0, 0.0, batch, batch * 128)
+    assert short.compute_s > short.memory_s
+    extra = batch * (2000 - 128)
+    kv_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2  # K and V, bf16
+    expected = extra * kv_bytes / (hw.memory_bandwidth_gb_s * 1e9 * hw.bandwidth_efficiency)
+    grown = cm.step_time(0, 0.0, batch, batch * 2000) - cm.step_time(0, 0.0, batch, batch * 128)
+    assert grown == pytest.approx(expected, rel=1e-6)
 
 
 def test_decode_turns_compute_bound_at_large_batch() -> None:

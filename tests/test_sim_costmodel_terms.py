@@ -58,9 +58,8 @@ def test_defaults_leave_shipped_profiles_unchanged() -> None:
         assert cm.step_time(*shape, 5) == base
         b = cm.breakdown(*shape)
         assert b.host_s == 0 and b.request_s == 0
-        # the old formula: max of the roofs + overhead + per-sequence time (+ no comm at tp 1)
-        old = max(b.compute_s, b.memory_s) + 1.5e-3 + shape[2] * 5e-6
-        assert base == pytest.approx(old, rel=1e-12)
+        # the kernels under their roofs + overhead + per-sequence time (+ no comm at tp 1)
+        assert base == pytest.approx(b.kernels_s + 1.5e-3 + shape[2] * 5e-6, rel=1e-12)
 
 
 def test_admission_cost_is_added_once_per_new_sequence() -> None:
@@ -170,7 +169,7 @@ def test_shared_host_core_solves_its_fixed_point() -> None:
         # the fixed point: T = device + host parts / (1 - c n / T), where the host parts are
         # what the iteration costs beyond its roofline (overheads), the same parts as without
         bd = base.breakdown(*shape)
-        device = max(bd.compute_s, bd.memory_s)
+        device = bd.kernels_s
         host_parts = t0 - device
         assert t == pytest.approx(device + host_parts / (1 - b * c / t), rel=1e-9)
         assert shared.host_share(t, b, 0) == pytest.approx(b * c / t)
