@@ -3,6 +3,7 @@ arithmetic, and the command line. Durations are kept short (20-40 simulated seco
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -307,6 +308,37 @@ def test_a_chunk_below_the_sequence_limit_lowers_the_limit_to_fit() -> None:
     small = [t for t in result.tried if t.config["max_num_batched_tokens"] == 128]
     assert small and {t.config["max_num_seqs"] for t in small} == {128}, [t.label for t in result.tried]
     assert all(t.config["max_num_seqs"] <= t.config["max_num_batched_tokens"] for t in result.tried)
+
+
+def test_a_missed_confirmation_grows_to_the_nearest_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search's verdicts are replaced (5 replicas meet the short run, 6 the full one) to
+    # follow the confirmation alone: a miss at 5 grows by 1.25x to the nearest count, 6, not
+    # to 7 (a full-duration run more) and back.
+    from shuniu.plugins.tools.plan.search import Planner
+
+    real_run = Planner.run
+
+    def run(self, phase, shape, replicas, horizon, scale=1.0, seed=None):  # type: ignore[no-untyped-def]
+        trial = real_run(self, phase, shape, replicas, horizon, scale, seed)
+        if phase == "floor":
+            return trial
+        met = replicas >= (6 if phase == "confirm" else 5)
+        failures = [] if met else ["TTFT p99 9 s > 1 s (9x)"]
+        return dataclasses.replace(trial, met=met, failures=failures, worst=0.5 if met else 9.0)
+
+    monkeypatch.setattr(Planner, "run", run)
+    pins = {**PINNED, "balancer": "least_load"}
+    result = plan(
+        "llama-3.1-8b",
+        "h100-sxm",
+        _workload(2, LIGHT_SLO, duration=20),
+        duration=20,
+        tensor_parallel_size=1,
+        **pins,
+    )
+    confirms = [t.replicas for t in result.tried if t.phase == "confirm"]
+    assert confirms == [5, 6], confirms
+    assert result.recommendation is not None and result.recommendation.replicas == 6
 
 
 def test_trials_side_by_side_give_the_same_answer(tmp_path: Path) -> None:

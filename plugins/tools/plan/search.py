@@ -87,7 +87,8 @@ MAX_GROWTH = 2.0
 """Largest factor on the replica count after a missed search trial."""
 CONFIRM_GROWTH = 1.25
 """Largest factor on the replica count when the full-duration confirmation misses (it met a
-shorter run: the count it needs is close, and each confirmation is a full-duration run)."""
+shorter run: the count it needs is close, and each confirmation is a full-duration run); the
+grown count is rounded to the nearest, at least one more."""
 SATURATION_GROWTH = 1.5
 SATURATION_GAIN = 0.9
 """A count :data:`SATURATION_GROWTH` times larger whose missed ITL p99 is still above this
@@ -469,8 +470,12 @@ class Planner:
                     return None
                 factor = self.growth(shape, trial)
                 if phase == "confirm":
-                    factor = min(factor, CONFIRM_GROWTH)  # it met a shorter run: it is close
-                n = min(cap, max(lo + 1, math.ceil(lo * factor)))
+                    # It met a shorter run, so the count it needs is close: grown by at most
+                    # CONFIRM_GROWTH, rounded to the nearest count (each confirmation is a
+                    # full-duration run; rounding up turned 5 into 7 where 6 was the answer).
+                    n = min(cap, max(lo + 1, round(lo * min(factor, CONFIRM_GROWTH))))
+                else:
+                    n = min(cap, max(lo + 1, math.ceil(lo * factor)))
             else:
                 after = self._after_meeting(lo, hi, lo_trial is not None, n == first)
                 if after is None:
