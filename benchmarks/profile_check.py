@@ -4,7 +4,7 @@ simulated figure, the published one and the error.
 
 Usage::
 
-    .venv/bin/python benchmarks/profile_check.py             # every case, about a minute on 2 cores
+    .venv/bin/python benchmarks/profile_check.py             # every case, about 90 s on 2 cores
     .venv/bin/python benchmarks/profile_check.py --only h200
 
 Sources (read, not copied; figures as published):
@@ -32,6 +32,19 @@ Sources (read, not copied; figures as published):
   TTFT 145.9 ms, TPOT 47.3 ms; on one H100 SXM with vLLM 0.11.0, 1 and 4 clients: TTFT
   59.0 / 64.0 ms, TPOT 7.28 / 7.38 ms.
 
+- SGLang ``benchmark/benchmark_vllm_060/README.md`` (Sept 2024): vLLM 0.6.0 and SGLang 0.3.0
+  with their commands published, ShareGPT through ``sglang.bench_serving``: Llama-3.1-8B on
+  one A100 80GB and Llama-3.1-70B on four H100s (TP 4); 5,000 prompts at once (output
+  tokens/s: 8B 4,132.37 / 4,281.51, 70B 3,700.64 / 3,856.01) and Poisson arrivals at 4 and 8
+  requests/s (1,200 and 2,400 prompts; median TPOT 8B 14.14 / 13.17 and 17.09 / 17.85 ms,
+  70B 23.58 / 25.03 and 29.15 / 33.07 ms, vLLM / SGLang). About 194 output tokens per
+  request (its offline output tokens over requests); the prompt mean is taken as 220.
+- vLLM blog, "The State of FP8 KV-Cache and Attention Quantization in vLLM" (v0.19.1), Table
+  4, BF16 KV: Llama-3.1-8B on one H100, 150 requests of about 20k prompt and 2k output tokens
+  at concurrency 8: median ITL 15.18 ms, 450.3 output tokens/s.
+- GPUStack performance lab, the same Qwen3-8B page: MindIE 2.1RC1 on one 910B, 1,000
+  ShareGPT prompts at once: 2,711.10 output tokens/s.
+
 Each case counts against the profile of the execution mode its source ran (graph or eager);
 the other mode's profile is printed below the count, for contrast. The eager-era
 vllm-ascend sources (v0.7.3, v0.8.4rc2) ran vLLM's V0 engine (V1 needed ``VLLM_USE_V1=1``
@@ -54,6 +67,7 @@ import asyncio
 import itertools
 import math
 import random
+import statistics
 import textwrap
 from dataclasses import dataclass
 
@@ -69,6 +83,10 @@ ASCEND_4526 = "vllm-ascend #4526 (v0.12, aclgraph)"
 ASCEND_6323 = "vllm-ascend #6323 (v0.13.0rc1)"
 GPUSTACK_910B = "GPUStack lab (vllm-ascend 0.9.1)"
 GPUSTACK_H100 = "GPUStack lab (vLLM 0.11.0)"
+SGLANG_VLLM060 = "SGLang benchmark_vllm_060, vLLM 0.6.0"
+SGLANG_030 = "SGLang benchmark_vllm_060, SGLang 0.3.0"
+VLLM_FP8KV = "vLLM blog, FP8 KV cache (v0.19.1)"
+GPUSTACK_MINDIE = "GPUStack lab (MindIE 2.1RC1)"
 SHAREGPT_SIGMA = 0.9  # log-space spread of ShareGPT-like lengths
 
 
@@ -78,7 +96,8 @@ class Case:
     model: str
     tp: int
     metric: str
-    """``throughput`` (output tokens/s at saturation), ``ttft_mean`` or ``tpot_mean`` (s)."""
+    """``throughput`` (output tokens/s at saturation, or of a closed loop), ``ttft_mean``,
+    ``tpot_mean`` or ``tpot_median`` (s)."""
     published: float
     source: str
     input_tokens: int = 0
@@ -90,13 +109,17 @@ class Case:
     sharegpt: tuple[float, float] = (220.0, 200.0)
     """Mean prompt and output lengths of ShareGPT-like requests (log-normal, ``SHAREGPT_SIGMA``)."""
     requests: int = 0
-    """Requests of an open-loop case, as its source sent them (0: 300 s of arrivals)."""
+    """Requests of an open-loop case or a burst, as its source sent them (0: 300 s of
+    arrivals; a burst of 3,000; a closed loop of 100)."""
     v0: bool = False
     """The source's engine scheduled as vLLM's V0 engine does (prefills first, in iterations
     of their own, no chunked prefill): the simulated engine runs with ``prefill_first``."""
     counted: bool = True
     """False: the profile of the other execution mode than the source's engine ran (graph or
     eager), shown for contrast and not counted."""
+    max_num_seqs: int = 1024
+    """The engine's batch limit (1024 for the maximum-throughput tables, which size their
+    batches from the KV cache; an engine's default where its source ran the default)."""
 
     @property
     def name(self) -> str:
@@ -181,12 +204,81 @@ CASES = [
         for clients, ttft, tpot in ((1, 0.0590, 0.00728), (4, 0.0640, 0.00738))
         for metric, value in (("ttft_mean", ttft), ("tpot_mean", tpot))
     ),
+    # SGLang's benchmark_vllm_060 README: ShareGPT through sglang.bench_serving, vLLM 0.6.0
+    # (V0, --num-scheduler-steps 10, default max_num_seqs 256, no chunked prefill at
+    # max_model_len 4096) and SGLang 0.3.0 (which runs prefill batches apart from decode
+    # batches, as V0 does); offline: 5,000 prompts at once; online: Poisson arrivals, the
+    # median TPOT. About 194 output tokens per request (its offline tokens / requests).
+    *(
+        Case(
+            hw,
+            model,
+            tp,
+            "throughput",
+            value,
+            source,
+            requests=5000,
+            sharegpt=(220.0, 194.0),
+            v0=True,
+            max_num_seqs=256,
+        )
+        for hw, model, tp, values in (
+            ("a100-80gb", "llama-3.1-8b", 1, (4132.37, 4281.51)),
+            ("h100-sxm", "llama-3.1-70b", 4, (3700.64, 3856.01)),
+        )
+        for source, value in zip((SGLANG_VLLM060, SGLANG_030), values, strict=True)
+    ),
+    *(
+        Case(
+            hw,
+            model,
+            tp,
+            "tpot_median",
+            value,
+            source,
+            rate=rate,
+            requests=300 * int(rate),
+            sharegpt=(220.0, 194.0),
+            v0=True,
+            max_num_seqs=256,
+        )
+        for hw, model, tp, rows in (
+            ("a100-80gb", "llama-3.1-8b", 1, ((4.0, 0.01414, 0.01317), (8.0, 0.01709, 0.01785))),
+            ("h100-sxm", "llama-3.1-70b", 4, ((4.0, 0.02358, 0.02503), (8.0, 0.02915, 0.03307))),
+        )
+        for rate, vllm, sglang in rows
+        for source, value in ((SGLANG_VLLM060, vllm), (SGLANG_030, sglang))
+    ),
+    # GPUStack's Qwen3-8B page also runs MindIE 2.1RC1 on one 910B: 1,000 ShareGPT prompts at
+    # once (about 217 prompt and 201 output tokens each), 2,711 output tokens/s. MindIE runs
+    # graph mode; its batch limit is not stated: 200 is taken (256 or 1,024 give 2% and 5%
+    # less).
+    Case(
+        "ascend-910b",
+        "qwen3-8b",
+        1,
+        "throughput",
+        2711.10,
+        GPUSTACK_MINDIE,
+        requests=1000,
+        sharegpt=(217.0, 201.0),
+        max_num_seqs=200,
+    ),
+    # vLLM's FP8 KV-cache post, Table 4 (BF16 KV): Llama-3.1-8B BF16 on one H100, 150
+    # requests of ~20k prompt and ~2k output tokens at concurrency 8: median ITL 15.18 ms,
+    # 450.3 output tokens/s.
+    *(
+        Case("h100-sxm", "llama-3.1-8b", 1, metric, value, VLLM_FP8KV, 20000, 2000, clients=8, requests=150)
+        for metric, value in (("tpot_median", 0.01518), ("throughput", 450.3))
+    ),
 ]
 
 
-def closed_loop(case: Case, requests: int = 100) -> float:
-    """``requests`` requests from ``case.clients`` clients against one simulated engine, in
-    virtual time; the mean TTFT or TPOT (s)."""
+def closed_loop(case: Case) -> float:
+    """``case.requests`` (100) requests from ``case.clients`` clients against one simulated
+    engine, in virtual time; the mean TTFT or TPOT, the median TPOT (s) or the output
+    tokens/s."""
+    requests = case.requests or 100
     from shuniu.backends.sim.build import build_engine
     from shuniu.backends.sim.engine import Seq
     from shuniu.backends.sim.options import SimOptions
@@ -197,9 +289,9 @@ def closed_loop(case: Case, requests: int = 100) -> float:
         hardware=case.hardware,
         model=case.model,
         tensor_parallel_size=case.tp,
-        max_num_seqs=1024,
+        max_num_seqs=case.max_num_seqs,
         max_num_batched_tokens=8192,
-        max_model_len=8192,
+        max_model_len=max(8192, case.input_tokens + case.output_tokens + 16),
         enable_chunked_prefill=not case.v0,
         prefill_first=case.v0,
     )
@@ -230,11 +322,16 @@ def closed_loop(case: Case, requests: int = 100) -> float:
             if output > 1:
                 tpots.append((seq.finished_at - seq.first_token_at) / (output - 1))
 
-    async def main() -> None:
+    async def main() -> float:
         await asyncio.gather(*(client() for _ in range(case.clients)))
         await engine.stop()
+        return asyncio.get_running_loop().time()
 
-    run_virtual(main())
+    elapsed = run_virtual(main())
+    if case.metric == "throughput":
+        return engine.load().generated_tokens / elapsed
+    if case.metric == "tpot_median":
+        return statistics.median(tpots)
     values = ttfts if case.metric == "ttft_mean" else tpots
     return sum(values) / len(values)
 
@@ -244,7 +341,7 @@ def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
         return closed_loop(case)
     options = (
         f"{{hardware: {case.hardware}, model: '{case.model}', tensor_parallel_size: {case.tp}, "
-        "max_num_seqs: 1024, max_num_batched_tokens: 8192, max_model_len: 8192"
+        f"max_num_seqs: {case.max_num_seqs}, max_num_batched_tokens: 8192, max_model_len: 8192"
         + (", enable_chunked_prefill: false, prefill_first: true}" if case.v0 else "}")
     )
     text = textwrap.dedent(
@@ -259,25 +356,30 @@ def run(case: Case, plugins) -> float:  # type: ignore[no-untyped-def]
         """
     )
     resolved = load_deployment(None, plugins, text=text)
+    prompt, output = case.sharegpt
+    spread = f"sigma: {SHAREGPT_SIGMA}, min: 4"
+    sharegpt = (
+        f"input_tokens: {{dist: lognormal, mean: {prompt:g}, {spread}, max: 4000}}, "
+        f"output_tokens: {{dist: lognormal, mean: {output:g}, {spread}, max: 2000}}"
+    )
     if case.rate:  # open loop, ShareGPT-like lengths
-        prompt, output = case.sharegpt
-        spread = f"sigma: {SHAREGPT_SIGMA}, min: 4"
-        stream = (
-            f"{{arrival: {{rate: {case.rate}}}, "
-            f"input_tokens: {{dist: lognormal, mean: {prompt:g}, {spread}, max: 4000}}, "
-            f"output_tokens: {{dist: lognormal, mean: {output:g}, {spread}, max: 2000}}}}"
-        )
+        stream = f"{{arrival: {{rate: {case.rate}}}, {sharegpt}}}"
         duration = case.requests / case.rate if case.requests else 300.0
     else:  # a burst that keeps the engine saturated for the whole run
-        lengths = f"input_tokens: {case.input_tokens}, output_tokens: {case.output_tokens}"
+        if case.input_tokens:
+            lengths = f"input_tokens: {case.input_tokens}, output_tokens: {case.output_tokens}"
+        else:
+            lengths = sharegpt
         stream = "{arrival: {rate: 1000}, " + lengths + "}"
-        duration = 3000 / 1000  # 3,000 requests at once
+        duration = (case.requests or 3000) / 1000  # 3,000 requests (or the source's) at once
     workload = load_workload("w", text=f"name: w\nduration_s: {duration}\nstreams:\n  - {stream}\n")
     result = simulate(resolved, plugins, workload, duration=duration, seed=0)
     if case.metric == "throughput":
         return result.generated_tokens / result.sim_time_s
     if case.metric == "ttft_mean":
         return result.ttft.mean()
+    if case.metric == "tpot_median":
+        return result.tpot.quantile(0.5)
     return result.tpot.mean()
 
 
