@@ -244,16 +244,7 @@ class CostModel:
             return 0.0
         if self.pp > 1:
             return self._pipelined_step(prefill_tokens, prefill_attn, decode_seqs, decode_kv_tokens, new_seqs)
-        # Hot: float operations only (see the module docstring for the terms).
-        gemm = tokens * self._c_token + decode_seqs * self._c_head
-        if gemm < self._m_fixed:
-            gemm = self._m_fixed
-        attn = (prefill_attn + decode_kv_tokens) * self._c_pair
-        kv = decode_kv_tokens + tokens
-        if prefill_tokens:
-            kv += prefill_attn / prefill_tokens
-        kv *= self._m_kv
-        kernels = gemm + (attn if attn > kv else kv)
+        kernels = self._kernels(prefill_tokens, prefill_attn, decode_seqs, decode_kv_tokens, 1.0)
         if self.host_token:
             return self._shared_host(kernels, decode_seqs, new_seqs, tokens)
         busy = kernels + decode_seqs * self._c_seq
