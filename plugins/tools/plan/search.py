@@ -473,9 +473,10 @@ class Planner:
                     # It met a shorter run, so the count it needs is close: grown by at most
                     # CONFIRM_GROWTH, rounded to the nearest count (each confirmation is a
                     # full-duration run; rounding up turned 5 into 7 where 6 was the answer).
-                    n = min(cap, max(lo + 1, round(lo * min(factor, CONFIRM_GROWTH))))
+                    grown = round(lo * min(factor, CONFIRM_GROWTH))
                 else:
-                    n = min(cap, max(lo + 1, math.ceil(lo * factor)))
+                    grown = math.ceil(lo * factor)
+                n = min(cap, max(lo + 1, grown))
             else:
                 after = self._after_meeting(lo, hi, lo_trial is not None, n == first)
                 if after is None:
