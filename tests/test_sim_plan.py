@@ -44,6 +44,18 @@ def _workload(
 LIGHT_SLO = "{ttft_p99_s: 1.0, itl_p99_s: 0.05}"
 
 
+def _long_prompts(rate: float):  # type: ignore[no-untyped-def]
+    """Prompts of 3,000-6,000 tokens, 64-token answers and a tight ITL target (25 ms): an
+    iteration that carries an 8k-token prefill chunk is far slower than the target, so only
+    small chunks can meet it, whatever the count."""
+    return _workload(
+        rate,
+        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
+        input_tokens="{dist: uniform, min: 3000, max: 6000}",
+        output_tokens="64",
+    )
+
+
 PINNED = {
     "balancer": "round_robin",
     "max_num_batched_tokens": 8192,
@@ -242,12 +254,7 @@ def test_cli_json(tmp_path: Path) -> None:
 def test_the_knobs_an_expert_would_tune() -> None:
     # Long prompts and a tight ITL target: an iteration that carries an 8k-token prefill chunk
     # is far slower than the target, so only small chunks can meet it, whatever the count.
-    workload = _workload(
-        30,
-        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
-        input_tokens="{dist: uniform, min: 3000, max: 6000}",
-        output_tokens="64",
-    )
+    workload = _long_prompts(30)
     pins = {**PINNED, "max_num_batched_tokens": [512, 8192]}
     result = plan(
         "llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, price=2.0, **pins
@@ -283,12 +290,7 @@ def test_a_larger_chunk_is_settled_by_a_smaller_one_missing_the_itl_target() -> 
     # The start is the 512-token chunk (the largest whose iteration fits the ITL target);
     # 2048 misses the ITL target, so 8192, which only lengthens the iterations that carry a
     # chunk further, is rejected with that reason and never simulated.
-    workload = _workload(
-        30,
-        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
-        input_tokens="{dist: uniform, min: 3000, max: 6000}",
-        output_tokens="64",
-    )
+    workload = _long_prompts(30)
     pins = {**PINNED, "max_num_batched_tokens": [512, 2048, 8192]}
     result = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, **pins)
     assert result.recommendation is not None and result.recommendation.config["max_num_batched_tokens"] == 512
@@ -344,12 +346,7 @@ def test_a_missed_confirmation_grows_to_the_nearest_count(monkeypatch: pytest.Mo
 def test_trials_side_by_side_give_the_same_answer(tmp_path: Path) -> None:
     # The knob probes (and the confirmations) run in two worker processes: the same trials
     # are judged the same way, so the answer and the reasons do not change.
-    workload = _workload(
-        20,
-        "{ttft_p99_s: 2.0, itl_p99_s: 0.025}",
-        input_tokens="{dist: uniform, min: 3000, max: 6000}",
-        output_tokens="64",
-    )
+    workload = _long_prompts(20)
     pins = {**PINNED, "max_num_batched_tokens": [512, 8192], "balancer": "round_robin,least_load"}
     alone = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, jobs=1, **pins)
     paired = plan("llama-3.1-8b", "h100-sxm", workload, duration=30, tensor_parallel_size=1, jobs=2, **pins)
