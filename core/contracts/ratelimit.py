@@ -102,3 +102,7 @@ class RateLimitStore(Protocol):
     # ``acquire_now(rates, leases, token) -> Decision`` and ``settle_now(adjust, leases,
     # token) -> None``: the same calls without a coroutine (they must not await). The gateway
     # then uses them on the request path, a coroutine less per request; ``memory`` does.
+    # Such a store may further offer ``bind(request_rates, token_rates, leases)``: one
+    # principal's limits compiled once, whose ``take(cost, token)`` and ``give_back(delta,
+    # token)`` book and settle a request without a Rate or a Decision built for it
+    # (``shuniu.plugins.ratelimit.memory.MemoryBinding`` documents the calls).

@@ -25,6 +25,7 @@ __all__ = ["Admission", "Tenancy", "Tier", "format_reset", "limits_in_use", "res
 _MINUTE = 60.0
 _DAY = 86400.0
 _MAX_PLANS = 65536
+_MAX_RECENT = 4096
 _NO_LIMITS = Limits()
 
 
@@ -82,12 +83,15 @@ class _Plan:
 
     __slots__ = (
         "active",
+        "binding",
         "leases",
         "max_reservable",
+        "request_limit_headers",
         "request_limits",
         "request_rates",
         "requests",
         "scopes",
+        "token_limit_headers",
         "token_limits",
         "tokens",
     )
@@ -124,6 +128,11 @@ class _Plan:
         """A reservation above this can never pass (429 at once, without the store)."""
         self.request_limits = [b"%d" % int(limit) for _, limit, _, _ in self.requests]
         self.token_limits = [b"%d" % int(limit) for _, limit, _, _ in self.tokens]
+        self.request_limit_headers = [(_LIMIT_REQUESTS, value) for value in self.request_limits]
+        self.token_limit_headers = [(_LIMIT_TOKENS, value) for value in self.token_limits]
+        self.binding: Any = None
+        """The store's compiled form of these limits (a store with ``bind``), made on first
+        use."""
 
     def too_large(self, reserved: int) -> GatewayError:
         label, limit = next((label, limit) for _, limit, _, label in self.tokens if reserved > limit)
@@ -147,15 +156,16 @@ _RESET_TOKENS = b"x-ratelimit-reset-tokens"
 class Admission:
     """A request's hold on its rate limits, settled when it ends."""
 
-    __slots__ = ("headers", "leases", "reserved", "token", "tokens")
+    __slots__ = ("binding", "headers", "leases", "reserved", "token", "tokens")
 
     def __init__(
         self,
-        token: str,
+        token: object,
         tokens: list[Rate],
         leases: list[Lease],
         reserved: int,
         headers: list[tuple[bytes, bytes]],
+        binding: Any = None,
     ) -> None:
         self.token = token
         self.tokens = tokens
@@ -163,6 +173,8 @@ class Admission:
         self.reserved = reserved
         self.headers = headers
         """``x-ratelimit-*`` headers for the response."""
+        self.binding = binding
+        """The store binding that booked it (then it settles there), else ``None``."""
 
 
 class Tenancy:
@@ -191,6 +203,13 @@ class Tenancy:
         self._settle_now = getattr(store, "settle_now", None)
         self.sync = self._acquire_now is not None and self._settle_now is not None
         """:meth:`acquire_now` and :meth:`settle_now` may be used instead of the coroutines."""
+        # An in-process store may also compile a principal's limits once (``bind``): then a
+        # request books them without a Rate or a Decision built for it.
+        self._bind = getattr(store, "bind", None) if self.sync else None
+        self._recent: dict[int, tuple[Principal, Tier, _Plan]] = {}
+        """id(principal) → its plan: authenticators hand out the same principal object per
+        credential, and an int key hashes for free (the entry holds the principal, so its id
+        cannot be reused while it is here)."""
         cfg = deployment.rate_limits
         self.default_output_tokens = cfg.default_output_tokens if cfg is not None else 256
         self.send_headers = cfg.headers if cfg is not None else True
@@ -254,12 +273,18 @@ class Tenancy:
             )
 
     def _plan(self, principal: Principal, tier: Tier) -> _Plan:
+        recent = self._recent.get(id(principal))
+        if recent is not None and recent[0] is principal and recent[1] is tier:
+            return recent[2]
         key = (principal.tenant, principal.key_id, tier.name, principal.limits)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()  # rebuilt on demand; bounded memory for many tenants
             plan = self._plans[key] = _Plan(principal, tier)
+        if len(self._recent) >= _MAX_RECENT:
+            self._recent.clear()
+        self._recent[id(principal)] = (principal, tier, plan)
         return plan
 
     def _admit(
@@ -309,6 +334,26 @@ class Tenancy:
     def acquire_now(self, req: InferenceRequest, tier: Tier) -> Admission | None:
         """:meth:`acquire` without a coroutine, for a store that keeps its state in this
         process (:attr:`sync` is true)."""
+        if self._bind is not None:
+            plan = self._plan(req.principal, tier)
+            if not plan.active:
+                return None
+            max_tokens = req.max_tokens
+            reserved = req.prompt_tokens + (
+                max_tokens if max_tokens is not None else self.default_output_tokens
+            )
+            if reserved > plan.max_reservable:
+                raise plan.too_large(reserved)
+            binding = plan.binding
+            if binding is None:
+                binding = plan.binding = self._bind(plan.request_rates, _templates(plan), plan.leases)
+            self._counter += 1
+            token = self._counter
+            taken = binding.take(float(reserved), token)
+            if taken is not None:
+                headers = _taken_headers(plan, taken) if self.send_headers else []
+                return Admission(token, _NO_RATES, plan.leases, reserved, headers, binding)
+            # Refused: the store's full answer, for the 429 and its headers.
         asked = self._admit(req, tier)
         if asked is None:
             return None
@@ -334,6 +379,10 @@ class Tenancy:
 
     def settle_now(self, admission: Admission, used_tokens: int) -> None:
         """:meth:`settle` without a coroutine (:attr:`sync` is true)."""
+        binding = admission.binding
+        if binding is not None:
+            binding.give_back(float(used_tokens - admission.reserved), admission.token)
+            return
         adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
             self._settle_now(adjust, admission.leases, admission.token)  # type: ignore[misc]
@@ -390,6 +439,46 @@ class Tenancy:
             code="rate_limit_exceeded",
             headers=extra,
         )
+
+
+_NO_RATES: list[Rate] = []
+
+
+def _templates(plan: _Plan) -> list[Rate]:
+    """The plan's token rates for a store binding (their cost is given per request)."""
+    return [Rate(key, limit, period, 1.0) for key, limit, period, _ in plan.tokens]
+
+
+def _taken_headers(plan: _Plan, taken: tuple[int, int, float, int, int, float]) -> list[tuple[bytes, bytes]]:
+    """:meth:`Tenancy._headers` from a binding's answer (the tightest limits it found)."""
+    req, req_left, req_reset, tok, tok_left, tok_reset = taken
+    # Sub-second resets (the common case under load) are formatted inline: a call less each.
+    out = (
+        []
+        if req < 0
+        else [
+            plan.request_limit_headers[req],
+            (_REMAINING_REQUESTS, b"%d" % req_left),
+            (
+                _RESET_REQUESTS,
+                b"%dms" % (round(req_reset * 1000) or 1)
+                if 0 < req_reset < 0.9995
+                else reset_bytes(req_reset),
+            ),
+        ]
+    )
+    if tok >= 0:
+        out += (
+            plan.token_limit_headers[tok],
+            (_REMAINING_TOKENS, b"%d" % tok_left),
+            (
+                _RESET_TOKENS,
+                b"%dms" % (round(tok_reset * 1000) or 1)
+                if 0 < tok_reset < 0.9995
+                else reset_bytes(tok_reset),
+            ),
+        )
+    return out
 
 
 def _describe(plan: _Plan, key: str | None) -> tuple[str, str]:

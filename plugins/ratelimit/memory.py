@@ -23,7 +23,7 @@ from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
 from shuniu.plugins.ratelimit.gcra import EPSILON_S, INF, remaining
 
-__all__ = ["MemoryRateLimitOptions", "MemoryRateLimitStore"]
+__all__ = ["MemoryBinding", "MemoryRateLimitOptions", "MemoryRateLimitStore"]
 
 log = logging.getLogger("shuniu.ratelimit")
 
@@ -182,6 +182,14 @@ class MemoryRateLimitStore(RateLimitStore):
             if holders is not None and holders.pop(token, None) is not None and not holders:
                 del held[lease.key]
 
+    def bind(
+        self, request_rates: Sequence[Rate], token_rates: Sequence[Rate], leases: Sequence[Lease]
+    ) -> MemoryBinding:
+        """The limits of one principal, compiled for :meth:`MemoryBinding.take`: the same
+        GCRA and leases as :meth:`acquire_now`, without building a :class:`Rate` per
+        request. ``token_rates``' costs are ignored: each request gives its own."""
+        return MemoryBinding(self, request_rates, token_rates, leases)
+
     # -- bookkeeping ---------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -216,6 +224,159 @@ class MemoryRateLimitStore(RateLimitStore):
             self._expire(holders, now)
             if not holders:
                 del self._leases[key]
+
+
+class MemoryBinding:
+    """One principal's limits in a :class:`MemoryRateLimitStore`, checked per request with
+    everything that does not change precomputed (keys, emission intervals, scaled limits).
+
+    Only the common case is handled here: :meth:`take` returns ``None`` for a request that
+    any limit refuses, and the caller asks :meth:`MemoryRateLimitStore.acquire_now` for the
+    refusal's full :class:`~shuniu.core.contracts.Decision` (nothing was recorded, and the
+    store's state is the same for that call: it runs without awaiting)."""
+
+    __slots__ = ("_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens")
+
+    def __init__(
+        self,
+        store: MemoryRateLimitStore,
+        request_rates: Sequence[Rate],
+        token_rates: Sequence[Rate],
+        leases: Sequence[Lease],
+    ) -> None:
+        keys = tuple(r.key for r in (*request_rates, *token_rates))
+        if len(set(keys)) != len(keys):
+            raise ValueError("a binding's rates must have distinct keys")
+        scale = store.scale
+        self._store = store
+        self._keys = keys
+        self._requests = tuple(_compiled(r, scale) for r in request_rates if r.limit > 0)
+        self._tokens = tuple(_compiled(r, scale) for r in token_rates if r.limit > 0)
+        self._leases = tuple(
+            (lease.key, lease.limit if scale == 1.0 else max(1, int(lease.limit * scale)), lease.ttl_s)
+            for lease in leases
+        )
+        self._max_cost = min((r.limit * scale for r in token_rates), default=INF)
+        """A token cost above this refuses."""
+        self._never = (
+            len(self._requests) < len(request_rates)
+            or len(self._tokens) < len(token_rates)
+            or any(r.limit * scale < 1.0 for r in request_rates)
+            or any(limit_n <= 0 for _, limit_n, _ in self._leases)
+        )
+        """A limit that refuses every request (0, or below one request once scaled)."""
+
+    def take(self, cost: float, token: object) -> tuple[int, int, float, int, int, float] | None:
+        """Book one request (one unit of each request rate, ``cost`` of each token rate, a
+        lease of each concurrency limit) and return, for the response headers, the tightest
+        request rate and token rate after it: ``(index, remaining, reset_s)`` each, the index
+        ``-1`` where there are none; ``None`` (nothing booked) when any limit refuses."""
+        if self._never or cost > self._max_cost:
+            return None
+        store = self._store
+        now = store.clock()
+        tats = store._tats
+        get = tats.get
+        booked: list[float] = []
+        book = booked.append
+        # The request rates (one unit each), then the token rates (``cost`` each); for each
+        # kind, the limit with the fewest units left after this request.
+        req, req_left, req_reset = -1, 0, 0.0
+        i = 0
+        for key, interval, cap, limit, period, most in self._requests:
+            tat = get(key, now)
+            debt = tat - now + interval if tat > now else interval
+            if debt > cap:
+                return None
+            book(now + debt)
+            left = int((cap - debt) * limit / period)
+            if left > most:
+                left = most
+            if req < 0 or left < req_left:
+                req, req_left, req_reset = i, left, debt
+            i += 1
+        tok, tok_left, tok_reset = -1, 0, 0.0
+        i = 0
+        for key, _interval, cap, limit, period, most in self._tokens:
+            tat = get(key, now)
+            debt = cost * period / limit  # as acquire_now computes it, to the last bit
+            if tat > now:
+                debt += tat - now
+            if debt > cap:
+                return None
+            book(now + debt)
+            left = int((cap - debt) * limit / period)
+            if left > most:
+                left = most
+            if tok < 0 or left < tok_left:
+                tok, tok_left, tok_reset = i, left, debt
+            i += 1
+        held = store._leases
+        for key, limit_n, _ttl in self._leases:
+            holders = held.get(key)
+            if holders and len(holders) >= limit_n:
+                store._expire(holders, now)
+                if len(holders) >= limit_n:
+                    return None
+        # Every limit allows it: record (a cost-0 check of a full key leaves no entry).
+        if len(tats) + len(booked) >= store._sweep_at or not cost:
+            for key, tat in zip(self._keys, booked, strict=True):
+                if tat > now:
+                    if key not in tats and len(tats) >= store._sweep_at:
+                        store._sweep(now)
+                        tats = store._tats
+                    tats[key] = tat
+        else:
+            tats.update(zip(self._keys, booked, strict=True))
+        for key, _limit_n, ttl in self._leases:
+            holders = held.get(key)
+            if holders is None:
+                held[key] = holders = {}
+            holders[token] = now + ttl
+        return (
+            req,
+            req_left if req_left > 0 else 0,
+            req_reset,
+            tok,
+            tok_left if tok_left > 0 else 0,
+            tok_reset,
+        )
+
+    def give_back(self, delta: float, token: object) -> None:
+        """The request ended: move each token rate by ``delta`` units (negative gives back
+        an unused reservation) and release its leases."""
+        store = self._store
+        if delta:
+            now = store.clock()
+            tats = store._tats
+            for key, _interval, _cap, limit, period, _most in self._tokens:
+                tat = tats.get(key, now)
+                if tat <= now:
+                    if delta < 0:
+                        continue  # nothing booked to give back
+                    tat = now
+                tat += delta * period / limit
+                if tat > now:
+                    if key not in tats and len(tats) >= store._sweep_at:
+                        store._sweep(now)
+                        tats = store._tats
+                    tats[key] = tat
+                else:
+                    tats.pop(key, None)  # refunded past the clock: the key is full again
+        held = store._leases
+        for key, _limit_n, _ttl in self._leases:
+            holders = held.get(key)
+            if holders is not None and holders.pop(token, None) is not None and not holders:
+                del held[key]
+
+
+def _compiled(rate: Rate, scale: float) -> tuple[str, float, float, float, float, int]:
+    """(key, emission interval, period + tolerance, limit, period, most units a header may
+    show), the limit scaled: what a request's check needs. The arithmetic on them is
+    :meth:`MemoryRateLimitStore.acquire_now`'s, in the same order, so both book the same
+    bits."""
+    limit = rate.limit * scale
+    return rate.key, rate.period_s / limit, rate.period_s + EPSILON_S, limit, rate.period_s, int(limit)
 
 
 def _build(options: MemoryRateLimitOptions | None = None) -> MemoryRateLimitStore:

@@ -1,0 +1,125 @@
+"""The memory store's compiled path (:class:`MemoryBinding`, which the gateway uses for every
+limited request on an in-process store) against its general one (``acquire_now`` and
+``settle_now``): the same random stream of requests, refunds, overruns and clock moves goes
+to two stores, one through each, and after every step the answers, the headers' figures
+and the stores' whole state must be equal, bit for bit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shuniu.core.contracts import Decision, Lease, Rate
+from shuniu.plugins.ratelimit.memory import MemoryRateLimitOptions, MemoryRateLimitStore
+
+MINUTE = 60.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tightest(decision: Decision, start: int, end: int) -> tuple[int, int, float]:
+    """What the headers show for rates ``start`` to ``end`` of a general decision: the
+    index (from ``start``) of the one with the fewest units left, those units, its reset."""
+    if start == end:
+        return -1, 0, 0.0
+    best = min(range(start, end), key=lambda i: (decision.remaining[i], i))
+    return best - start, int(decision.remaining[best]), decision.reset_s[best]
+
+
+def plans(rng: random.Random) -> tuple[list[Rate], list[Rate], list[Lease]]:
+    """A key scope and a tenant scope, each with some of RPM, RPD, TPM and concurrency,
+    small enough that the stream runs into every one of them."""
+    requests: list[Rate] = []
+    tokens: list[Rate] = []
+    leases: list[Lease] = []
+    for scope in ("k:t:key", "t:t"):
+        if rng.random() < 0.8:
+            requests.append(Rate(f"{scope}:rpm", rng.choice([3, 7, 20, 1e7]), MINUTE, 1.0))
+        if rng.random() < 0.3:
+            requests.append(Rate(f"{scope}:rpd", rng.choice([10, 50]), 86400.0, 1.0))
+        if rng.random() < 0.8:
+            tokens.append(Rate(f"{scope}:tpm", rng.choice([100, 900, 1e10]), MINUTE, 1.0))
+        if rng.random() < 0.6:
+            leases.append(Lease(f"{scope}:conc", rng.choice([1, 2, 5])))
+    return requests, tokens, leases
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_a_binding_books_exactly_what_acquire_now_books(seed: int, scale: float) -> None:
+    rng = random.Random(seed)
+    requests, tokens, leases = plans(rng)
+    clocks = Clock(), Clock()
+    # max_keys small enough that some seeds sweep (and evict) while the stream runs.
+    options = MemoryRateLimitOptions(max_keys=rng.choice([4, 1_000_000]))
+    bound_store, plain = (MemoryRateLimitStore(options, clock=c, scale=scale) for c in clocks)
+    binding = bound_store.bind(requests, tokens, leases)
+    held: list[tuple[int, float]] = []  # (token, cost) of requests not yet settled
+    refused = booked = 0
+    for step in range(300):
+        move = rng.random()
+        if move < 0.5:
+            cost = float(rng.choice([0, 1, 30, 200, 2000]))
+            taken = binding.take(cost, step)
+            rated = [*requests, *(Rate(r.key, r.limit, r.period_s, cost) for r in tokens)]
+            decision = plain.acquire_now(rated, leases, str(step))
+            assert (taken is not None) == decision.allowed, step
+            if taken is None:
+                refused += 1
+                continue
+            n = len(requests)
+            expected = (*tightest(decision, 0, n), *tightest(decision, n, len(rated)))
+            assert taken == expected, step
+            held.append((step, cost))
+            booked += 1
+        elif move < 0.8 and held:
+            token, cost = held.pop(rng.randrange(len(held)))
+            used = cost + rng.choice([-cost, -1.0, 0.0, 5.0, 500.0])
+            binding.give_back(used - cost, token)
+            adjust = [(Rate(r.key, r.limit, r.period_s, cost), used - cost) for r in tokens]
+            plain.settle_now(adjust if used != cost else [], leases, str(token))
+        else:
+            moved = rng.choice([0.001, 0.5, 7.0, 61.0])
+            for clock in clocks:
+                clock.now += moved
+        assert bound_store._tats == plain._tats, step
+        assert {k: sorted(v.values()) for k, v in bound_store._leases.items()} == {
+            k: sorted(v.values()) for k, v in plain._leases.items()
+        }, step
+    # The stream did run into the limits, and was not all refused.
+    assert refused > 0 and booked > 0
+
+
+def test_a_limit_that_refuses_everything_refuses_in_the_binding_too() -> None:
+    store = MemoryRateLimitStore(clock=Clock(), scale=0.1)
+    # 5 requests a minute scaled by 0.1 is half a request: never one.
+    assert store.bind([Rate("k:a:rpm", 5, MINUTE, 1.0)], [], []).take(1.0, 1) is None
+    assert not store.acquire_now([Rate("k:a:rpm", 5, MINUTE, 1.0)], [], "1").allowed
+    assert store.bind([], [Rate("k:a:tpm", 0, MINUTE, 1.0)], []).take(0.0, 2) is None
+    assert len(store) == 0
+    unscaled = MemoryRateLimitStore(clock=Clock())
+    assert unscaled.bind([], [], [Lease("k:a:conc", 0)]).take(0.0, 3) is None
+    assert not unscaled.acquire_now([], [Lease("k:a:conc", 0)], "3").allowed
+    assert not unscaled._leases
+
+
+def test_a_binding_refuses_rates_that_share_a_key() -> None:
+    store = MemoryRateLimitStore(clock=Clock())
+    with pytest.raises(ValueError, match="distinct keys"):
+        store.bind([Rate("k:a:rpm", 5, MINUTE, 1.0)], [Rate("k:a:rpm", 5, MINUTE, 1.0)], [])
+
+
+def test_remaining_never_shows_more_than_the_limit() -> None:
+    """The tolerance that lets a request through a rounding error would show a huge limit's
+    full key as more than its limit (1e-6 s of a 1e10-per-minute rate is 166 tokens)."""
+    rate = Rate("k:a:tpm", 1e10, MINUTE, 1.0)
+    store = MemoryRateLimitStore(clock=Clock())
+    assert store.bind([], [rate], []).take(0.0, 1) == (-1, 0, 0.0, 0, 10_000_000_000, 0.0)
+    assert store.acquire_now([Rate(rate.key, rate.limit, MINUTE, 0.0)], [], "1").remaining == (1e10,)
