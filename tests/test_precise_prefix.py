@@ -269,3 +269,18 @@ def test_a_request_of_a_placed_prefix_follows_it_whatever_was_placed_there() -> 
     # A new one goes to the other engine.
     other = bal.pick(_req(_prompt(1, 1000)), eps)
     assert other is not None and other is not first
+
+
+def test_a_prompt_shorter_than_a_block_is_no_new_prefix() -> None:
+    # Short prompts start no cached prefix anywhere: they go by load, and they do not count
+    # as new tokens against the engine they went to (so a stream of them does not push the
+    # next real new prefix away from an otherwise equal engine).
+    bal = PrecisePrefix(PrecisePrefixOptions(new_prefix_window_s=3600))
+    eps = _endpoints(2)
+    eps[0].in_flight = 1
+    for _ in range(5):
+        assert bal.pick(_req([1, 2, 3, 4, 5]), eps) is eps[1]  # the less loaded
+    assert bal.new is not None and bal.new.tokens(1, bal.new.now()) == 0.0
+    eps[0].in_flight = 0
+    first = bal.pick(_req(_prompt(0, 1000)), eps)
+    assert first is not None and bal.new.tokens(first.index, bal.new.now()) > 0

@@ -214,7 +214,8 @@ def place(
     """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
     ``req.expected_cached`` to what the chosen endpoint holds, and records a new prefix's
-    placement in ``new``."""
+    placement in ``new``. Callers pass no ``new`` for a prompt shorter than one block: it
+    starts no cached prefix anywhere, so where it goes is a matter of load alone."""
     per_block = 0.0  # tokens per matched block: nothing to weigh when nothing matched
     if depths:
         ids = req.token_ids if req.token_ids is not None else req.prompt_ids
@@ -300,7 +301,15 @@ class PrecisePrefix(Balancer):
                     if d > depths.get(i, 0):
                         depths[i] = d
         chosen = place(
-            req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn, self.new
+            req,
+            endpoints,
+            depths,
+            block,
+            o.block_chars,
+            o,
+            self.bound_weights,
+            self._turn,
+            self.new if hashes else None,
         )
         self._turn += 1
         if chosen is not None:
