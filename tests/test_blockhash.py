@@ -62,9 +62,8 @@ def test_chat_turns_declare_what_the_next_turn_shares() -> None:
             # The promise PrefixChain relies on: the next turn starts with this whole prompt
             # and then this turn's answer.
             assert b.prompt[: len(a.prompt)] == a.prompt
-            assert b.prompt[len(a.prompt) : len(a.prompt) + a.output_tokens] == synthetic_ids(
-                a.output_seed, a.output_tokens
-            )
+            answer = b.prompt[len(a.prompt) : len(a.prompt) + a.output_tokens]
+            assert list(answer) == synthetic_ids(a.output_seed, a.output_tokens)
             checked += 1
     assert checked > 50
 
@@ -136,6 +135,6 @@ def test_every_example_keeps_the_promise_of_its_chain_keys(path: Path) -> None:
         seen = longest.get(r.chain_key)
         if seen is not None:
             n = min(len(seen), r.chain_tokens)
-            assert r.prompt[:n] == seen[:n], r.chain_key
+            assert list(r.prompt[:n]) == seen[:n], r.chain_key
         if seen is None or r.chain_tokens > len(seen):
-            longest[r.chain_key] = r.prompt[: r.chain_tokens]
+            longest[r.chain_key] = list(r.prompt[: r.chain_tokens])

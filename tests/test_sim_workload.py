@@ -11,6 +11,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from array import array
 from pathlib import Path
 
 import msgspec
@@ -76,9 +77,16 @@ def test_synthetic_ids_are_a_deterministic_prefix_consistent_stream() -> None:
 # --------------------------------------------------------------------------- arrivals
 
 
+def _as_list(obj: object) -> list[int]:
+    """A chat prompt (an ``array('H')``) as JSON encodes a list."""
+    if isinstance(obj, array):
+        return obj.tolist()
+    raise NotImplementedError(type(obj))
+
+
 def test_requests_are_deterministic_under_a_seed() -> None:
     w = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml")
-    enc = msgspec.json.encode
+    enc = msgspec.json.Encoder(enc_hook=_as_list).encode
     first = [enc(r) for r in w.requests(seed=3, duration=60)]
     assert first == [enc(r) for r in w.requests(seed=3, duration=60)]
     assert first != [enc(r) for r in w.requests(seed=4, duration=60)]
@@ -261,8 +269,8 @@ def test_chat_shares_system_prompts_and_grows_history() -> None:
         assert len(turns) <= 8
         for earlier, later in itertools.pairwise(turns):
             answer = synthetic_ids(earlier.output_seed, earlier.output_tokens)
-            head = earlier.prompt + answer
-            assert later.prompt[: len(head)] == head  # a prefix cache hits on the whole history
+            head = [*earlier.prompt, *answer]
+            assert list(later.prompt[: len(head)]) == head  # a prefix cache hits on the whole history
             assert len(later.prompt) > len(head)
             assert later.arrival - earlier.arrival >= 4 - 1e-9  # think time min
             multi += 1

@@ -25,7 +25,7 @@ import bisect
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shuniu.backends.sim.costmodel import jitter_factor
@@ -134,7 +134,7 @@ class Seq:
     def __init__(
         self,
         id: str,
-        prompt: list[int],
+        prompt: Sequence[int],
         max_output: int,
         *,
         output_seed: int = 0,
@@ -323,7 +323,7 @@ class EngineCore:
 
     # -- one iteration -----------------------------------------------------------------
 
-    def _all_tokens(self, seq: Seq, start: int, end: int) -> list[int]:
+    def _all_tokens(self, seq: Seq, start: int, end: int) -> Sequence[int]:
         """Token ids ``start:end`` of prompt + output (output ids generated on demand)."""
         p = seq.prompt_len
         if end <= p:
@@ -335,7 +335,7 @@ class EngineCore:
         outs = seq.output_ids
         if start >= p:
             return outs[start - p : end - p]
-        return seq.prompt[start:] + outs[: end - p]
+        return [*seq.prompt[start:], *outs[: end - p]]  # the prompt may be an array
 
     def _extend_hashes(self, seq: Seq, upto_tokens: int) -> None:
         bs = self.config.block_size

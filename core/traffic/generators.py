@@ -13,7 +13,7 @@ import math
 import random
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import accumulate
 from pathlib import Path
@@ -207,8 +207,10 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             if conv.tokens is None:
                 conv.tokens = array("H", system.ids(k)) if k >= 0 else array("H")
             user_ids = synthetic_array(user_seed, n_user)
-            prompt = conv.tokens.tolist()
-            prompt += user_ids.tolist()
+            # A compact array, not a list: a long history as Python ints cost more than the
+            # rest of generating the request, and only the blocks past the conversation's
+            # earlier turns are ever read (their hashes are kept per conversation).
+            prompt: Sequence[int] = conv.tokens + user_ids
             if conv.turn + 1 < conv.turns:  # the next turn's history: this prompt and its answer
                 conv.tokens += user_ids
                 conv.tokens += synthetic_array(output_seed, n_out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 __all__ = ["SimRequest"]
@@ -12,8 +14,9 @@ class SimRequest(msgspec.Struct, gc=False):
 
     arrival: float
     """Seconds from the start of the run."""
-    prompt: list[int]
-    """Prompt token ids (empty when generated with ``prompts=False``)."""
+    prompt: Sequence[int]
+    """Prompt token ids (empty when generated with ``prompts=False``): a list, or for chat
+    streams a compact ``array('H')`` (compare with ``list(prompt)``)."""
     output_tokens: int
     """Tokens the engine generates for it (as with ``ignore_eos``)."""
     output_seed: int
