@@ -123,3 +123,41 @@ def test_remaining_never_shows_more_than_the_limit() -> None:
     store = MemoryRateLimitStore(clock=Clock())
     assert store.bind([], [rate], []).take(0.0, 1) == (-1, 0, 0.0, 0, 10_000_000_000, 0.0)
     assert store.acquire_now([Rate(rate.key, rate.limit, MINUTE, 0.0)], [], "1").remaining == (1e10,)
+
+
+async def test_an_admission_booked_by_a_binding_settles_there_whichever_call_settles_it() -> None:
+    """The gateway books through the binding and settles with ``settle_now``; a caller that
+    settles with the coroutine must give back the same reservation and lease."""
+    from shuniu.core.config.loader import load_deployment
+    from shuniu.core.gateway import Gateway
+    from shuniu.core.plugin_manager import load_plugins
+    from shuniu.core.types import InferenceRequest, Principal
+
+    plugins = load_plugins()
+    text = """
+tiers:
+  t: {key_limits: {concurrency: 1, tpm: 100}}
+rate_limits: {store: memory}
+models:
+  m:
+    endpoints: [{kind: sim, options: {hardware: cpu-tiny, model: tiny-llama}}]
+"""
+    gateway = Gateway(load_deployment(None, plugins, text=text), plugins)
+    tenancy = gateway.state.tenancy
+    principal = Principal(tenant="a", key_id="k", tier="t")
+    tier = tenancy.tiers["t"]
+
+    def request(max_tokens: int) -> InferenceRequest:
+        return InferenceRequest(
+            id="r", api="chat", model="m", body={}, prompt="hi", prompt_tokens=2, max_tokens=max_tokens,
+            principal=principal,
+        )  # fmt: skip
+
+    first = tenancy.acquire_now(request(40), tier)  # reserves 42 of the 100
+    assert first is not None and first.binding is not None
+    with pytest.raises(Exception, match="concurrent"):
+        tenancy.acquire_now(request(1), tier)  # the one lease is held
+    await tenancy.settle(first, 2)  # it used 2: 40 come back, and the lease
+    second = tenancy.acquire_now(request(88), tier)  # 90 more: fits only after the refund
+    assert second is not None
+    tenancy.settle_now(second, 90)

@@ -373,6 +373,9 @@ class Tenancy:
         store = self.store
         if store is None:
             return
+        if admission.binding is not None:  # booked by the store's binding: settled there
+            self.settle_now(admission, used_tokens)
+            return
         adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
             await store.settle(adjust, admission.leases, admission.token)
