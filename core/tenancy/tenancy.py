@@ -296,11 +296,7 @@ class Tenancy:
         plan = self._plan(req.principal, tier)
         if not plan.active:
             return None
-        # max_tokens 0: a pooling request, which generates nothing.
-        max_tokens = req.max_tokens
-        reserved = req.prompt_tokens + (max_tokens if max_tokens is not None else self.default_output_tokens)
-        if reserved > plan.max_reservable:
-            raise plan.too_large(reserved)
+        reserved = self._reservation(req, plan)
         if plan.tokens:
             cost = float(reserved)
             token_rates = [Rate(key, limit, period, cost) for key, limit, period, _ in plan.tokens]
@@ -310,6 +306,16 @@ class Tenancy:
             rates = plan.request_rates
         self._counter += 1
         return plan, rates, token_rates, reserved, f"{self._prefix}{self._counter:x}"
+
+    def _reservation(self, req: InferenceRequest, plan: _Plan) -> int:
+        """The tokens ``req`` reserves (prompt plus ``max_tokens`` or the default); 429 for a
+        reservation no token limit can ever hold."""
+        # max_tokens 0: a pooling request, which generates nothing.
+        max_tokens = req.max_tokens
+        reserved = req.prompt_tokens + (max_tokens if max_tokens is not None else self.default_output_tokens)
+        if reserved > plan.max_reservable:
+            raise plan.too_large(reserved)
+        return reserved
 
     def _admission(
         self, decision: Decision, plan: _Plan, token_rates: list[Rate], reserved: int, token: str
@@ -338,12 +344,7 @@ class Tenancy:
             plan = self._plan(req.principal, tier)
             if not plan.active:
                 return None
-            max_tokens = req.max_tokens
-            reserved = req.prompt_tokens + (
-                max_tokens if max_tokens is not None else self.default_output_tokens
-            )
-            if reserved > plan.max_reservable:
-                raise plan.too_large(reserved)
+            reserved = self._reservation(req, plan)
             binding = plan.binding
             if binding is None:
                 binding = plan.binding = self._bind(plan.request_rates, _templates(plan), plan.leases)
@@ -399,20 +400,19 @@ class Tenancy:
         n = len(plan.request_limits)
         if len(remaining) < n + len(plan.token_limits):
             return []
-        out: list[tuple[bytes, bytes]] = []
-        if n:
-            best = _tightest(remaining, 0, n)
-            low = remaining[best]
-            out.append((_LIMIT_REQUESTS, plan.request_limits[best]))
-            out.append((_REMAINING_REQUESTS, b"%d" % low if low > 0 else b"0"))
-            out.append((_RESET_REQUESTS, reset_bytes(reset[best])))
-        if plan.token_limits:
-            best = _tightest(remaining, n, len(remaining))
-            low = remaining[best]
-            out.append((_LIMIT_TOKENS, plan.token_limits[best - n]))
-            out.append((_REMAINING_TOKENS, b"%d" % low if low > 0 else b"0"))
-            out.append((_RESET_TOKENS, reset_bytes(reset[best])))
-        return out
+        req = _tightest(remaining, 0, n) if n else -1
+        tok = _tightest(remaining, n, len(remaining)) if plan.token_limits else -1
+        return _taken_headers(
+            plan,
+            (
+                req,
+                int(remaining[req]) if req >= 0 else 0,
+                reset[req] if req >= 0 else 0.0,
+                tok - n if tok >= 0 else -1,
+                int(remaining[tok]) if tok >= 0 else 0,
+                reset[tok] if tok >= 0 else 0.0,
+            ),
+        )
 
     @staticmethod
     def _refusal(plan: _Plan, decision: Decision, headers: list[tuple[bytes, bytes]]) -> GatewayError:
@@ -453,33 +453,22 @@ def _templates(plan: _Plan) -> list[Rate]:
 
 
 def _taken_headers(plan: _Plan, taken: tuple[int, int, float, int, int, float]) -> list[tuple[bytes, bytes]]:
-    """:meth:`Tenancy._headers` from a binding's answer (the tightest limits it found)."""
+    """OpenAI's ``x-ratelimit-*`` headers from the tightest request and token limits:
+    ``(index, remaining, reset_s)`` of each kind (index ``-1``: the plan has none), as a
+    store binding's :meth:`take` answers."""
     req, req_left, req_reset, tok, tok_left, tok_reset = taken
-    # Sub-second resets (the common case under load) are formatted inline: a call less each.
-    out = (
-        []
-        if req < 0
-        else [
+    out: list[tuple[bytes, bytes]] = []
+    if req >= 0:
+        out += (
             plan.request_limit_headers[req],
-            (_REMAINING_REQUESTS, b"%d" % req_left),
-            (
-                _RESET_REQUESTS,
-                b"%dms" % (round(req_reset * 1000) or 1)
-                if 0 < req_reset < 0.9995
-                else reset_bytes(req_reset),
-            ),
-        ]
-    )
+            (_REMAINING_REQUESTS, b"%d" % req_left if req_left > 0 else b"0"),
+            (_RESET_REQUESTS, reset_bytes(req_reset)),
+        )
     if tok >= 0:
         out += (
             plan.token_limit_headers[tok],
-            (_REMAINING_TOKENS, b"%d" % tok_left),
-            (
-                _RESET_TOKENS,
-                b"%dms" % (round(tok_reset * 1000) or 1)
-                if 0 < tok_reset < 0.9995
-                else reset_bytes(tok_reset),
-            ),
+            (_REMAINING_TOKENS, b"%d" % tok_left if tok_left > 0 else b"0"),
+            (_RESET_TOKENS, reset_bytes(tok_reset)),
         )
     return out
 

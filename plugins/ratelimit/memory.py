@@ -157,30 +157,35 @@ class MemoryRateLimitStore(RateLimitStore):
     def settle_now(self, adjust: Sequence[tuple[Rate, float]], leases: Sequence[Lease], token: str) -> None:
         """:meth:`settle` without the coroutine."""
         now = self.clock()
-        tats = self._tats
         for rate, delta in adjust:
             limit = rate.limit * self.scale
-            if not delta or limit <= 0:
-                continue
-            key = rate.key
-            tat = tats.get(key, now)
-            if tat <= now:
-                if delta < 0:
-                    continue  # nothing booked to give back
-                tat = now
-            tat += delta * rate.period_s / limit
-            if tat > now:
-                if key not in tats and len(tats) >= self._sweep_at:
-                    self._sweep(now)
-                    tats = self._tats
-                tats[key] = tat
-            else:
-                tats.pop(key, None)  # refunded past the clock: the key is full again
+            if delta and limit > 0:
+                self._move(rate.key, delta, rate.period_s, limit, now)
+        self._release([lease.key for lease in leases], token)
+
+    def _move(self, key: str, delta: float, period: float, limit: float, now: float) -> None:
+        """Move ``key``'s booking by ``delta`` units of its rate (negative gives back)."""
+        tats = self._tats
+        tat = tats.get(key, now)
+        if tat <= now:
+            if delta < 0:
+                return  # nothing booked to give back
+            tat = now
+        tat += delta * period / limit
+        if tat > now:
+            if key not in tats and len(tats) >= self._sweep_at:
+                self._sweep(now)
+            self._tats[key] = tat
+        else:
+            tats.pop(key, None)  # refunded past the clock: the key is full again
+
+    def _release(self, keys: Sequence[str], token: object) -> None:
+        """Release ``token``'s lease on each concurrency key."""
         held = self._leases
-        for lease in leases:
-            holders = held.get(lease.key)
+        for key in keys:
+            holders = held.get(key)
             if holders is not None and holders.pop(token, None) is not None and not holders:
-                del held[lease.key]
+                del held[key]
 
     def bind(
         self, request_rates: Sequence[Rate], token_rates: Sequence[Rate], leases: Sequence[Lease]
@@ -235,7 +240,7 @@ class MemoryBinding:
     refusal's full :class:`~shuniu.core.contracts.Decision` (nothing was recorded, and the
     store's state is the same for that call: it runs without awaiting)."""
 
-    __slots__ = ("_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens")
+    __slots__ = ("_keys", "_lease_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens")
 
     def __init__(
         self,
@@ -256,12 +261,13 @@ class MemoryBinding:
             (lease.key, lease.limit if scale == 1.0 else max(1, int(lease.limit * scale)), lease.ttl_s)
             for lease in leases
         )
+        self._lease_keys = tuple(lease.key for lease in leases)
         self._max_cost = min((r.limit * scale for r in token_rates), default=INF)
         """A token cost above this refuses."""
         self._never = (
             len(self._requests) < len(request_rates)
             or len(self._tokens) < len(token_rates)
-            or any(r.limit * scale < 1.0 for r in request_rates)
+            or any(limit < 1.0 for _, _, _, limit, _, _ in self._requests)
             or any(limit_n <= 0 for _, limit_n, _ in self._leases)
         )
         """A limit that refuses every request (0, or below one request once scaled)."""
@@ -280,10 +286,12 @@ class MemoryBinding:
         booked: list[float] = []
         book = booked.append
         # The request rates (one unit each), then the token rates (``cost`` each); for each
-        # kind, the limit with the fewest units left after this request.
+        # kind, the limit with the fewest units left after this request (a request passes
+        # ``debt <= cap``, so ``left`` is never negative). The two loops differ only in the
+        # units booked; written out, not one loop over both kinds, which cost 15% more per
+        # request on this path.
         req, req_left, req_reset = -1, 0, 0.0
-        i = 0
-        for key, interval, cap, limit, period, most in self._requests:
+        for i, (key, interval, cap, limit, period, most) in enumerate(self._requests):
             tat = get(key, now)
             debt = tat - now + interval if tat > now else interval
             if debt > cap:
@@ -294,10 +302,8 @@ class MemoryBinding:
                 left = most
             if req < 0 or left < req_left:
                 req, req_left, req_reset = i, left, debt
-            i += 1
         tok, tok_left, tok_reset = -1, 0, 0.0
-        i = 0
-        for key, _interval, cap, limit, period, most in self._tokens:
+        for i, (key, _interval, cap, limit, period, most) in enumerate(self._tokens):
             tat = get(key, now)
             debt = cost * period / limit  # as acquire_now computes it, to the last bit
             if tat > now:
@@ -310,7 +316,6 @@ class MemoryBinding:
                 left = most
             if tok < 0 or left < tok_left:
                 tok, tok_left, tok_reset = i, left, debt
-            i += 1
         held = store._leases
         for key, limit_n, _ttl in self._leases:
             holders = held.get(key)
@@ -333,14 +338,7 @@ class MemoryBinding:
             if holders is None:
                 held[key] = holders = {}
             holders[token] = now + ttl
-        return (
-            req,
-            req_left if req_left > 0 else 0,
-            req_reset,
-            tok,
-            tok_left if tok_left > 0 else 0,
-            tok_reset,
-        )
+        return req, req_left, req_reset, tok, tok_left, tok_reset
 
     def give_back(self, delta: float, token: object) -> None:
         """The request ended: move each token rate by ``delta`` units (negative gives back
@@ -348,26 +346,9 @@ class MemoryBinding:
         store = self._store
         if delta:
             now = store.clock()
-            tats = store._tats
             for key, _interval, _cap, limit, period, _most in self._tokens:
-                tat = tats.get(key, now)
-                if tat <= now:
-                    if delta < 0:
-                        continue  # nothing booked to give back
-                    tat = now
-                tat += delta * period / limit
-                if tat > now:
-                    if key not in tats and len(tats) >= store._sweep_at:
-                        store._sweep(now)
-                        tats = store._tats
-                    tats[key] = tat
-                else:
-                    tats.pop(key, None)  # refunded past the clock: the key is full again
-        held = store._leases
-        for key, _limit_n, _ttl in self._leases:
-            holders = held.get(key)
-            if holders is not None and holders.pop(token, None) is not None and not holders:
-                del held[key]
+                store._move(key, delta, period, limit, now)
+        store._release(self._lease_keys, token)
 
 
 def _compiled(rate: Rate, scale: float) -> tuple[str, float, float, float, float, int]:
