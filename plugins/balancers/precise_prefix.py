@@ -214,8 +214,11 @@ def place(
     """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
     token ids, or of ``block_chars`` bytes of text for a request without ids); sets
     ``req.expected_cached`` to what the chosen endpoint holds, and records a new prefix's
-    placement in ``new``. Callers pass no ``new`` for a prompt shorter than one block: it
-    starts no cached prefix anywhere, so where it goes is a matter of load alone."""
+    placement in ``new``. Call it after :func:`~shuniu.core.pools.prefix.prefix_hashes`."""
+    if not req.prefix_hashes:
+        # Shorter than one block: it starts no cached prefix anywhere, so where it goes is a
+        # matter of load alone, and it is no new prefix to count.
+        new = None
     per_block = 0.0  # tokens per matched block: nothing to weigh when nothing matched
     if depths:
         ids = req.token_ids if req.token_ids is not None else req.prompt_ids
@@ -301,15 +304,7 @@ class PrecisePrefix(Balancer):
                     if d > depths.get(i, 0):
                         depths[i] = d
         chosen = place(
-            req,
-            endpoints,
-            depths,
-            block,
-            o.block_chars,
-            o,
-            self.bound_weights,
-            self._turn,
-            self.new if hashes else None,
+            req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn, self.new
         )
         self._turn += 1
         if chosen is not None:

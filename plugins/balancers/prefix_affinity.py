@@ -120,15 +120,7 @@ class PrefixAffinity(Balancer):
                 i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= o.min_match_blocks
             }
         chosen = place(
-            req,
-            endpoints,
-            depths,
-            o.block_tokens,
-            o.block_chars,
-            o,
-            self.bound_weights,
-            self._turn,
-            self.new if hashes else None,
+            req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn, self.new
         )
         self._turn += 1
         if chosen is not None:
