@@ -16,7 +16,7 @@ from zlib import adler32, crc32
 from shuniu.core.blockhash import extend_chain
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["match_depths", "prefix_hashes"]
+__all__ = ["depths_of", "match_depths", "prefix_hashes"]
 
 
 def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) -> list[int]:
@@ -49,19 +49,44 @@ def match_depths(table: Mapping[int, int], hashes: Sequence[int], alive: int) ->
     """Endpoint index → how many leading blocks of ``hashes`` it holds, for the endpoints in
     the bit mask ``alive`` that hold at least the first; ``table``: block hash → bit mask of
     the endpoints holding it (a prefix index, approximate or from KV events)."""
-    depth_of: dict[int, int] = {}
     if not hashes or not table:
+        return {}
+    # Every block looked up at C speed (a Python loop per block would cost several times as
+    # much), then walked by runs (depths_of).
+    return depths_of(list(map(table.get, hashes)), alive)
+
+
+def depths_of(masks: Sequence[int | None], alive: int) -> dict[int, int]:
+    """:func:`match_depths` from each block's bit mask of endpoints (``None``: a block no
+    endpoint is known to hold), for a caller that looked the masks up itself."""
+    depth_of: dict[int, int] = {}
+    first = masks[0] if masks else None
+    if first is None:
         return depth_of
-    # Every block looked up at C speed, then walked by runs of equal masks (a shared prefix
-    # is mostly one run): a Python loop per block would cost several times as much.
-    masks = list(map(table.get, hashes))
-    try:
-        del masks[masks.index(None) :]
-    except ValueError:
-        pass
+    # The common case first, at C speed: one run of equal masks (a prefix sent to the same
+    # endpoints throughout), whole or up to the first unknown block. (Counting equal small
+    # ints is fast; finding None in a list of ints is not, so it is left for the rest.)
+    known = len(masks)
+    if masks.count(first) != known:
+        try:
+            known = masks.index(None)
+        except ValueError:
+            pass
+        if masks[:known].count(first) != known:
+            known = 0
+    if known:
+        alive &= first
+        while alive:
+            bit = alive & -alive
+            depth_of[bit.bit_length() - 1] = known
+            alive ^= bit
+        return depth_of
+    # Otherwise walked by runs of equal masks up to the first unknown block.
     depth = 0
     for mask, run in groupby(masks):
-        still = alive & mask
+        if mask is None:
+            break
+        still = alive & mask  # type: ignore[operator]
         if still != alive:
             gone = alive & ~still
             if depth:
