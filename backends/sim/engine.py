@@ -328,14 +328,19 @@ class EngineCore:
         p = seq.prompt_len
         if end <= p:
             return seq.prompt[start:end]
-        if seq.output_ids is None or len(seq.output_ids) < end - p:
-            # The whole answer at once (its length is known): the stream is regenerated
-            # from its start on every call, so growing it piecemeal would cost more.
-            seq.output_ids = self._ids(seq.output_seed, max(end - p, seq.max_output), 0)
-        outs = seq.output_ids
+        outs = self._output_ids(seq, end - p)
         if start >= p:
             return outs[start - p : end - p]
         return [*seq.prompt[start:], *outs[: end - p]]  # the prompt may be an array
+
+    def _output_ids(self, seq: Seq, n: int) -> Sequence[int]:
+        """At least the first ``n`` output token ids of ``seq``."""
+        outs = seq.output_ids
+        if outs is None or len(outs) < n:
+            # The whole answer at once (its length is known): the stream is regenerated
+            # from its start on every call, so growing it piecemeal would cost more.
+            outs = seq.output_ids = self._ids(seq.output_seed, max(n, seq.max_output), 0)
+        return outs
 
     def _extend_hashes(self, seq: Seq, upto_tokens: int) -> None:
         bs = self.config.block_size
@@ -346,14 +351,24 @@ class EngineCore:
             return
         # The gateway's chain (core.blockhash): a request that arrives with those hashes
         # (Seq.hashes) is not hashed twice. The prompt's blocks first, sliced straight from
-        # it; the blocks that reach into the output go through _all_tokens.
+        # it, then the block that straddles prompt and output, then output-only blocks,
+        # sliced straight from the output ids.
         in_prompt = min(full, seq.prompt_len // bs)
         if have < in_prompt:
             extend_chain(hashes, seq.prompt, bs, in_prompt)
+        b = max(have, in_prompt)
+        if b >= full:
+            return
         h = hashes[-1] if hashes else bs
         append = hashes.append
-        for b in range(max(have, in_prompt), full):
+        p = seq.prompt_len
+        if b * bs < p:  # the block the prompt ends in, with the first output tokens
             h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
+            append(h)
+            b += 1
+        outs = self._output_ids(seq, full * bs - p)
+        for start in range(b * bs - p, full * bs - p, bs):  # blocks of output only
+            h = hash((h, tuple(outs[start : start + bs])))
             append(h)
 
     def _blocks_for(self, tokens: int) -> int:

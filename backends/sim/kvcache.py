@@ -35,7 +35,9 @@ class BlockPool:
         self.caching = caching
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
-        self._hash_of: dict[int, int] = {}  # block id -> content hash
+        # block id -> content hash (None: not full yet); a list, as releasing asks it of every
+        # block, and indexing a list beats a dict look-up
+        self._hash_of: list[int | None] = [None] * num_blocks
         self._index: dict[int, int] = {}  # content hash -> block id
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with no user, LRU first
         self.used = 0  # blocks with at least one user
@@ -89,9 +91,11 @@ class BlockPool:
             b = free.popleft()
             refs[b] = 1
             out.append(b)
+        hash_of = self._hash_of
         for _ in range(n - len(out)):  # the rest evicted, least recently used first
             b, _ = self._evictable.popitem(last=False)
-            h = self._hash_of.pop(b)
+            h = hash_of[b]
+            hash_of[b] = None
             if self._index.get(h) == b:
                 del self._index[h]
                 if self.removed is not None:
@@ -105,7 +109,7 @@ class BlockPool:
     def register(self, block: int, h: int) -> bool:
         """Block ``block`` is now full with content hash ``h``: make it findable; whether
         ``h`` was not findable before (another block may already hold the same content)."""
-        if not self.caching or block in self._hash_of:
+        if not self.caching or self._hash_of[block] is not None:
             return False
         self._hash_of[block] = h
         return self._index.setdefault(h, block) == block
@@ -121,8 +125,8 @@ class BlockPool:
             refs[b] = r
             if not r:
                 unused += 1
-                if b in hashed:
-                    evictable[b] = None
-                else:
+                if hashed[b] is None:
                     free.append(b)
+                else:
+                    evictable[b] = None
         self.used -= unused
