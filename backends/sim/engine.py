@@ -660,8 +660,7 @@ class EngineCore:
         for last_at, count in first_gaps.items():
             itl.add(t0 - last_at, count)
         if live:
-            for i in range(start + 1, stop):
-                itl.add(ends[i] - ends[i - 1], live)
+            itl.add_gaps(ends, start + 1, stop, live)
         for seq in finishing:
             self._finish(seq, when)
 

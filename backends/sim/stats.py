@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 __all__ = ["LogHistogram"]
 
@@ -31,6 +32,29 @@ class LogHistogram:
         self.total += value * n
         if value > self.max:
             self.max = value
+
+    def add_gaps(self, times: Sequence[float], start: int, stop: int, n: int = 1) -> None:
+        """``add(times[i] - times[i - 1], n)`` for each ``i`` from ``start`` to ``stop - 1``,
+        in that order (the same buckets and sums), in one call: an engine's decode leap
+        records each iteration's inter-token gap this way."""
+        if stop <= start:
+            return
+        counts = self._counts
+        get = counts.get
+        log = math.log
+        total, most = self.total, self.max
+        prev = times[start - 1]
+        for i in range(start, stop):
+            t = times[i]
+            value = t - prev
+            prev = t
+            idx = int(log(value / _MIN) / _LOG_GROWTH) if value > _MIN else 0
+            counts[idx] = get(idx, 0) + n
+            total += value * n
+            if value > most:
+                most = value
+        self.count += n * (stop - start)
+        self.total, self.max = total, most
 
     def merge(self, other: LogHistogram) -> None:
         for idx, n in other._counts.items():

@@ -1,0 +1,28 @@
+"""The simulator's log-bucket histogram: a leap's batch of gaps counts as the gaps one by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shuniu.backends.sim import LogHistogram
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_add_gaps_is_add_of_each_gap(seed: int) -> None:
+    rng = random.Random(seed)
+    times = [0.0]
+    for _ in range(200):  # gaps of every size, some below the first bucket, some repeated
+        times.append(times[-1] + rng.choice([0.0, 1e-9, rng.uniform(1e-4, 0.2), 0.015]))
+    one, batch = LogHistogram(), LogHistogram()
+    for h in (one, batch):
+        h.add(0.5, 3)  # earlier state carries over
+    start, stop, n = rng.randint(1, 50), rng.randint(50, 201), rng.randint(1, 64)
+    for i in range(start, stop):
+        one.add(times[i] - times[i - 1], n)
+    batch.add_gaps(times, start, stop, n)
+    batch.add_gaps(times, stop, stop, n)  # an empty range adds nothing
+    state = (batch._counts, batch.count, batch.total, batch.max)
+    assert state == (one._counts, one.count, one.total, one.max)
+    assert batch.quantile(0.99) == one.quantile(0.99)
