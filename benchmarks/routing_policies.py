@@ -11,12 +11,14 @@ cluster's capacity is measured first (requests/s completed under overload, with
                           load level sets the steady part, and each policy also runs without
                           the burst so premium latency can be compared. Here the free tier
                           keeps 15% of the slots free for better tiers (``headroom: 0.15``,
-                          rows ``<policy>/headroom``); a plain ``round_robin`` row shows
-                          what that buys
+                          ``--headroom`` for another share; rows ``<policy>/headroom``); a
+                          plain ``round_robin`` row shows what that buys
 
-    python benchmarks/routing_policies.py                 # everything (~30 min on 2 cores)
+    python benchmarks/routing_policies.py                 # everything (~40 min on 2 cores)
     python benchmarks/routing_policies.py --quick         # 3 policies, 80% only, short runs
     python benchmarks/routing_policies.py --workloads a --loads 0.8 --policies round_robin,prefix_affinity
+    python benchmarks/routing_policies.py --workloads c --loads 0.5 --policies round_robin \
+        --headroom 0.5 --out /tmp/hr
 
 Writes benchmarks/results/routing_policies.json and .md (the Markdown is what
 docs/benchmarks.md quotes). Each row can be reproduced with ``shuniu simulate``: the
@@ -112,8 +114,9 @@ def _base_rate(workload: Any, duration: float) -> float:
 
 
 class Runner:
-    def __init__(self, console: Console, out: Path) -> None:
+    def __init__(self, console: Console, out: Path, headroom: float = 0.15) -> None:
         self.console = console
+        self.headroom = headroom
         self.plugins = load_plugins()
         self.out = out
         self.deployments: dict[str, Any] = {}
@@ -127,10 +130,11 @@ class Runner:
         )
 
     def deployment(self, policy: str) -> Any:
-        """``policy``, or ``policy/headroom`` for the free tier keeping 15% of the slots free."""
+        """``policy``, or ``policy/headroom`` for the free tier keeping :attr:`headroom` of the
+        slots free."""
         if policy not in self.deployments:
             base, _, variant = policy.partition("/")
-            extra = ", headroom: 0.15" if variant == "headroom" else ""
+            extra = f", headroom: {self.headroom:g}" if variant == "headroom" else ""
             text = DEPLOYMENT.format(policy=policy, balancer=POLICIES[base], free_extra=extra)
             path = self.out / f"deploy-{policy.replace('+', '-').replace('/', '-')}.yaml"
             path.write_text(text)
@@ -179,6 +183,9 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="round_robin, least_load, prefix_affinity at 80%%, short."
     )
+    ap.add_argument(
+        "--headroom", type=float, default=0.15, help="The free tier's headroom in (c)'s /headroom rows."
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="Folder for results.")
     args = ap.parse_args()
     policies = args.policies.split(",")
@@ -191,7 +198,7 @@ def main() -> None:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    runner = Runner(console, args.out)
+    runner = Runner(console, args.out, args.headroom)
     report: dict[str, Any] = {"setup": "4 x sim h200 / qwen2.5-7b, scheduler priority, seed 1", "cases": {}}
     started = time.perf_counter()
     with runner.progress:
