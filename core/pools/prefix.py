@@ -66,38 +66,34 @@ def depths_of(masks: Sequence[int | None], alive: int) -> dict[int, int]:
     # The common case first, at C speed: one run of equal masks (a prefix sent to the same
     # endpoints throughout), whole or up to the first unknown block. (Counting equal small
     # ints is fast; finding None in a list of ints is not, so it is left for the rest.)
-    known = len(masks)
-    if masks.count(first) != known:
+    single = len(masks)  # the blocks of that one run (0: more than one)
+    if masks.count(first) != single:
         try:
-            known = masks.index(None)
+            single = masks.index(None)
         except ValueError:
             pass
-        if masks[:known].count(first) != known:
-            known = 0
-    if known:
-        alive &= first
-        while alive:
-            bit = alive & -alive
-            depth_of[bit.bit_length() - 1] = known
-            alive ^= bit
-        return depth_of
-    # Otherwise walked by runs of equal masks up to the first unknown block.
+        if masks[:single].count(first) != single:
+            single = 0
     depth = 0
-    for mask, run in groupby(masks):
-        if mask is None:
-            break
-        still = alive & mask  # type: ignore[operator]
-        if still != alive:
-            gone = alive & ~still
-            if depth:
-                while gone:
-                    bit = gone & -gone
-                    depth_of[bit.bit_length() - 1] = depth
-                    gone ^= bit
-            alive = still
-            if not alive:
+    if single:
+        alive &= first
+        depth = single
+    else:  # walked by runs of equal masks up to the first unknown block
+        for mask, run in groupby(masks):
+            if mask is None:
                 break
-        depth += len(list(run))
+            still = alive & mask  # type: ignore[operator]
+            if still != alive:
+                gone = alive & ~still
+                if depth:
+                    while gone:
+                        bit = gone & -gone
+                        depth_of[bit.bit_length() - 1] = depth
+                        gone ^= bit
+                alive = still
+                if not alive:
+                    break
+            depth += len(list(run))
     if depth:
         while alive:
             bit = alive & -alive
