@@ -136,7 +136,8 @@ class GatewayConfig(_Strict):
     graceful_shutdown_s: float = Field(30.0, ge=0)
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long."""
     server: str = Field("uvicorn", pattern="^(uvicorn)$")
-    """HTTP server. Only ``uvicorn`` (uvloop + httptools) for now."""
+    """HTTP server. Only ``uvicorn`` for now: uvicorn's server loop on uvloop, running shuniu's
+    HTTP/1.1 protocol (httptools)."""
     identity_headers: bool = False
     """Take the tenant and tier from the ``x-shuniu-tenant`` and ``x-shuniu-tier`` request
     headers. Only for a gateway behind a proxy that authenticates clients and sets them;
@@ -147,8 +148,8 @@ class GatewayConfig(_Strict):
     enforced on the bytes as they arrive (before parsing) and again on inference requests."""
     header_timeout_s: float = Field(10.0, gt=0)
     """Longest a client may take to send a request line and headers (from connecting, or
-    from the previous response on a kept-alive connection); slower gets 408 and is closed
-    (slowloris)."""
+    from the first byte of the next request on a kept-alive connection); slower gets 408
+    and is closed (slowloris)."""
     body_timeout_s: float = Field(30.0, gt=0)
     """Longest a request body may stop arriving while the gateway waits to read it; the
     connection is then closed."""

@@ -1,4 +1,5 @@
-"""Running the gateway under uvicorn (uvloop + httptools), with a graceful drain on SIGTERM."""
+"""Running the gateway on uvicorn's server loop (uvloop) with shuniu's HTTP protocol
+(``core/http/protocol.py``), with a graceful drain on SIGTERM."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from shuniu.core.gateway import Gateway
-from shuniu.core.http.guard import guarded_protocol
+from shuniu.core.http.protocol import gateway_protocol
 from shuniu.core.http.workers import SUPERVISOR_ENV, WorkerInfo, end_with_supervisor
 
 __all__ = ["bind_socket", "is_loopback", "run_gateway"]
@@ -95,9 +96,10 @@ def run_gateway(
     config = uvicorn.Config(
         gateway.app,
         loop="uvloop",
-        # uvicorn's httptools protocol with slow-client timeouts, header limits on the wire
-        # and a connection cap (core/http/guard.py).
-        http=guarded_protocol(gateway.config.gateway),
+        # uvicorn's server loop (sockets, lifespan, signals, graceful shutdown) runs shuniu's
+        # own HTTP/1.1 protocol: lean per request, with slow-client timeouts, header limits
+        # on the wire and a connection cap (core/http/protocol.py).
+        http=gateway_protocol(gateway.config.gateway),
         lifespan="on",
         log_level=log_level,
         access_log=False,

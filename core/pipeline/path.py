@@ -123,7 +123,7 @@ class RequestPath:
                 req.prompt_tokens = estimate_prompt(req)
             self.recorder.refused(request_id, api, req, err, arrival, loop.time(), trace)
             return
-        await self._serve(req, pool, tier, degraded, receive, send, loop, Progress(pool.name, trace))
+        await self._serve(req, pool, tier, degraded, scope, receive, send, loop, Progress(pool.name, trace))
 
     async def count(self, wire: Wire, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/messages/count_tokens``: the prompt's length as its model counts it (its
@@ -159,6 +159,7 @@ class RequestPath:
         pool: Pool,
         tier: Tier | None,
         degraded: bytes | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         loop: asyncio.AbstractEventLoop,
@@ -168,7 +169,7 @@ class RequestPath:
         tenancy = self.state.tenancy
         trace = progress.trace
         watch = Disconnect()
-        watch.start(receive)
+        watch.start(scope, receive)
         admission: Admission | None = None
         hold: BudgetHold | None = None
         governance = self.state.governance
