@@ -3,13 +3,15 @@ an instant backend registered in code, so the figure is what the request path co
 nothing else (no server, no client, no upstream). It sees below the noise of
 gateway_overhead.py; to compare two trees, run each tree's own interpreter, alternating:
 
-    python benchmarks/inprocess_overhead.py plain|features|full|governed N json|stream
+    python benchmarks/inprocess_overhead.py plain|auth|key-limits|limits|features|full|governed N json|stream
 
 ``plain``: one endpoint, the default scheduler and balancer; ``features``: what
 ``benchmarks/peers.py`` calls ``full`` (API keys, key and tenant RPM/TPM/concurrency limits in
 the memory store, never binding, ``priority`` and ``prefix_affinity`` over one endpoint);
 ``full``: API keys, memory rate limits, the response cache, prefix_affinity and priority over
-four endpoints; ``governed``:
+four endpoints; ``auth``, ``key-limits``, ``limits``: ``features`` built up one at a time
+(the API key; its RPM/TPM/concurrency limits; the tenant's too), over one endpoint with the
+default scheduler and balancer, to attribute each one's cost; ``governed``:
 ``plain`` with a SQLite usage ledger (in a temporary folder), prices and two never-binding
 budgets of the tenant, reserved and settled on every request (the ledger's writer thread
 is in the figure). Prints one
@@ -85,6 +87,32 @@ models:
 """
 )
 
+# ``features`` built up one feature at a time, to attribute its cost.
+_ONE_ENDPOINT = """
+models:
+  m:
+    endpoints: [{kind: instant}]
+"""
+AUTH_ONLY = AUTH + "tiers: {free: {}}\n" + _ONE_ENDPOINT
+KEY_LIMITS = (
+    AUTH
+    + f"""
+tiers:
+  free: {{key_limits: {NEVER_BINDING}}}
+rate_limits: {{store: memory}}
+"""
+    + _ONE_ENDPOINT
+)
+LIMITS = (
+    AUTH
+    + f"""
+tiers:
+  free: {{key_limits: {NEVER_BINDING}, tenant_limits: {NEVER_BINDING}}}
+rate_limits: {{store: memory}}
+"""
+    + _ONE_ENDPOINT
+)
+
 GOVERNED = (
     PLAIN
     + """
@@ -121,7 +149,15 @@ class Plugin:
 
 async def measure(cfg: str, n: int, stream: bool) -> float:
     plugins = load_plugins(extra=[("instant", Plugin())])
-    text = {"full": FULL, "features": FEATURES, "plain": PLAIN, "governed": GOVERNED}[cfg]
+    text = {
+        "full": FULL,
+        "features": FEATURES,
+        "plain": PLAIN,
+        "governed": GOVERNED,
+        "auth": AUTH_ONLY,
+        "key-limits": KEY_LIMITS,
+        "limits": LIMITS,
+    }[cfg]
     if cfg == "governed":
         text = text.replace("LEDGER", os.path.join(tempfile.mkdtemp(prefix="shuniu-ledger-"), "ledger.db"))
     gw = Gateway(load_deployment(None, plugins, text=text), plugins)
@@ -129,7 +165,7 @@ async def measure(cfg: str, n: int, stream: bool) -> float:
     messages = [{"role": "user", "content": "hello there, how are you today?"}]
     body = json.dumps({"model": "m", "messages": messages, "max_tokens": 16, "stream": stream}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if cfg in ("full", "features"):
+    if cfg in ("full", "features", "auth", "key-limits", "limits"):
         headers.append((b"authorization", b"Bearer " + KEY.encode()))
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
 

@@ -236,6 +236,25 @@ async def test_a_header_value_with_a_line_break_is_never_written() -> None:
     assert status.startswith(b"HTTP/1.1 500 ") and json.loads(body)["error"]["type"] == "server_error"
 
 
+async def test_framing_headers_are_found_in_any_case_and_never_inside_a_value() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = [
+            (b"X-Note", b"content-length: 99; transfer-encoding: chunked"),
+            (b"Content-Length", b"5"),
+            (b"Connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    proto, transport, state = connect(app)
+    proto.data_received(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    await settle(state)
+    [write] = transport.writes
+    assert write.endswith(b"\r\n\r\nhello") and b"\r\ntransfer-encoding" not in write.lower()
+    assert write.lower().count(b"connection: close") == 1
+    assert transport.closed  # the app's "Connection: close"
+
+
 async def test_an_app_that_fails_before_answering_gets_a_500_not_a_traceback() -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         raise ValueError("bug")

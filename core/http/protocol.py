@@ -209,38 +209,40 @@ class _Cycle:
             conn.response_complete(self)
 
     def _start(self, status: int, headers: Any) -> None:
+        defaults = self.conn.server_state.default_headers
+        if defaults:
+            headers = [*defaults, *headers]
         parts = [_status_line(status)]
         length: int | None = None
-        chunked = False
-        count = 0
-        defaults = self.conn.server_state.default_headers
-        for name, value in (*defaults, *headers) if defaults else headers:
-            name = name.lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = value.lower() == b"chunked"
-            elif name == b"connection" and b"close" in value.lower():
+        chunked = closing = False
+        if headers:
+            # One join per header, then every check over the whole block at C speed. Names
+            # and values are the application's: a CR or LF inside one would let it write a
+            # second response, so the block must hold exactly one line break per header;
+            # then "\r\n<name>:" can only be the start of a header.
+            block = b"\r\n".join([b": ".join(h) for h in headers])
+            n = len(headers) - 1
+            if block.count(b"\n") != n or block.count(b"\r") != n:
+                raise RuntimeError("Invalid HTTP header name or value (CR or LF inside one).")
+            parts += (block, b"\r\n")
+            lower = b"\r\n" + block.lower()
+            if (at := lower.find(b"\r\ncontent-length:")) >= 0:
+                length = int(_value(lower, at + 17))
+            if (at := lower.find(b"\r\ntransfer-encoding:")) >= 0:
+                chunked = _value(lower, at + 20).strip() == b"chunked"
+            if (at := lower.find(b"\r\nconnection:")) >= 0 and b"close" in _value(lower, at + 13):
                 self.keep_alive = False
-            parts += (name, b": ", value, b"\r\n")
-            count += 1
-        if not self.keep_alive:
+                closing = True
+        if not self.keep_alive and not closing:
             parts.append(b"connection: close\r\n")
-            count += 1
         if length is not None and not chunked:
             self.remaining = length
         elif not self.head_only and status not in (204, 304):
             if not chunked:
                 parts.append(b"transfer-encoding: chunked\r\n")
-                count += 1
             self.chunked = True
         parts.append(b"\r\n")
-        head = b"".join(parts)
-        # Header names and values are the application's; a CR or LF inside one would let
-        # it write a second response. One count over the whole head (C speed) checks all.
-        if head.count(b"\n") != count + 2 or head.count(b"\r") != count + 2:
-            raise RuntimeError("Invalid HTTP header name or value (CR or LF inside one).")
-        self.head = head
+        self.head = b"".join(parts)
 
     def watch(self, callback: Callable[[], Any]) -> Callable[[], None]:
         """The ``shuniu.disconnect`` extension (see :data:`DISCONNECT_EXTENSION`)."""
@@ -310,6 +312,12 @@ class _Cycle:
             }
         )
         await self.send({"type": "http.response.body", "body": body})
+
+
+def _value(head: bytes, start: int) -> bytes:
+    """The rest of the header line of ``head`` from ``start``."""
+    end = head.find(b"\r\n", start)
+    return head[start:] if end < 0 else head[start:end]
 
 
 def _nothing() -> None:

@@ -15,6 +15,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import Field
 
@@ -232,15 +233,35 @@ class MemoryRateLimitStore(RateLimitStore):
 
 
 class MemoryBinding:
-    """One principal's limits in a :class:`MemoryRateLimitStore`, checked per request with
-    everything that does not change precomputed (keys, emission intervals, scaled limits).
+    """One principal's limits in a :class:`MemoryRateLimitStore`, checked per request by two
+    functions written for exactly these limits when the binding is made (keys, emission
+    intervals and scaled limits in the code as constants, one straight line per limit).
 
-    Only the common case is handled here: :meth:`take` returns ``None`` for a request that
+    Only the common case is handled here: :attr:`take` returns ``None`` for a request that
     any limit refuses, and the caller asks :meth:`MemoryRateLimitStore.acquire_now` for the
     refusal's full :class:`~shuniu.core.contracts.Decision` (nothing was recorded, and the
-    store's state is the same for that call: it runs without awaiting)."""
+    store's state is the same for that call: it runs without awaiting).
 
-    __slots__ = ("_keys", "_lease_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens")
+    Why generated code: with the limits a deployment usually sets (RPM, TPM and concurrency
+    for a key and for its tenant), a loop over tuples of them spent more on the loops
+    (``enumerate``, unpacking six fields, the list of bookings, ``zip``) than on the GCRA
+    arithmetic; the straight-line functions take about half the interpreter's work (counted
+    in instructions: ``benchmarks/inprocess_overhead.py``'s ``limits`` configuration). The
+    arithmetic is :meth:`MemoryRateLimitStore.acquire_now`'s, in the same order, so both
+    book the same bits (``tests/test_ratelimit_binding.py`` compares them)."""
+
+    __slots__ = ("_keys", "_lease_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens",
+                 "give_back", "source", "take")  # fmt: skip
+
+    take: Callable[[float, object], tuple[int, int, float, int, int, float] | None]
+    """``take(cost, token)``: book one request (one unit of each request rate, ``cost`` of
+    each token rate, a lease of each concurrency limit) and return, for the response
+    headers, the tightest request rate and token rate after it: ``(index, remaining,
+    reset_s)`` each, the index ``-1`` where there are none; ``None`` (nothing booked) when
+    any limit refuses."""
+    give_back: Callable[[float, object], None]
+    """``give_back(delta, token)``: the request ended: move each token rate by ``delta``
+    units (negative gives back an unused reservation) and release its leases."""
 
     def __init__(
         self,
@@ -271,84 +292,115 @@ class MemoryBinding:
             or any(limit_n <= 0 for _, limit_n, _ in self._leases)
         )
         """A limit that refuses every request (0, or below one request once scaled)."""
+        self.source = self._write()
+        """The two functions' code (for a reader, and for a test that wants to see it)."""
+        # repr() writes an infinite float as ``inf``: the name is defined for it.
+        namespace: dict[str, Any] = {"store": store, "record": self._record, "inf": INF}
+        exec(compile(self.source, f"<rate limits {keys!r}>", "exec"), namespace)
+        self.take = namespace["take"]
+        self.give_back = namespace["give_back"]
 
-    def take(self, cost: float, token: object) -> tuple[int, int, float, int, int, float] | None:
-        """Book one request (one unit of each request rate, ``cost`` of each token rate, a
-        lease of each concurrency limit) and return, for the response headers, the tightest
-        request rate and token rate after it: ``(index, remaining, reset_s)`` each, the index
-        ``-1`` where there are none; ``None`` (nothing booked) when any limit refuses."""
-        if self._never or cost > self._max_cost:
-            return None
-        store = self._store
-        now = store.clock()
-        tats = store._tats
-        get = tats.get
-        booked: list[float] = []
-        book = booked.append
-        # The request rates (one unit each), then the token rates (``cost`` each); for each
-        # kind, the limit with the fewest units left after this request (a request passes
-        # ``debt <= cap``, so ``left`` is never negative). The two loops differ only in the
-        # units booked; written out, not one loop over both kinds, which cost 15% more per
-        # request on this path.
-        req, req_left, req_reset = -1, 0, 0.0
-        for i, (key, interval, cap, limit, period, most) in enumerate(self._requests):
-            tat = get(key, now)
-            debt = tat - now + interval if tat > now else interval
-            if debt > cap:
-                return None
-            book(now + debt)
-            left = int((cap - debt) * limit / period)
-            if left > most:
-                left = most
-            if req < 0 or left < req_left:
-                req, req_left, req_reset = i, left, debt
-        tok, tok_left, tok_reset = -1, 0, 0.0
-        for i, (key, _interval, cap, limit, period, most) in enumerate(self._tokens):
-            tat = get(key, now)
-            debt = cost * period / limit  # as acquire_now computes it, to the last bit
-            if tat > now:
-                debt += tat - now
-            if debt > cap:
-                return None
-            book(now + debt)
-            left = int((cap - debt) * limit / period)
-            if left > most:
-                left = most
-            if tok < 0 or left < tok_left:
-                tok, tok_left, tok_reset = i, left, debt
-        held = store._leases
-        for key, limit_n, _ttl in self._leases:
-            holders = held.get(key)
-            if holders and len(holders) >= limit_n:
-                store._expire(holders, now)
-                if len(holders) >= limit_n:
-                    return None
-        # Every limit allows it: record (a cost-0 check of a full key leaves no entry).
-        if len(tats) + len(booked) >= store._sweep_at or not cost:
-            for key, tat in zip(self._keys, booked, strict=True):
-                if tat > now:
-                    if key not in tats and len(tats) >= store._sweep_at:
-                        store._sweep(now)
-                        tats = store._tats
-                    tats[key] = tat
+    def _write(self) -> str:
+        """The source of ``take`` and ``give_back`` for these limits (every constant written
+        with ``repr``, which gives back the same float, bit for bit)."""
+        if self._never:
+            take = ["def take(cost, token):", "    return None"]
         else:
-            tats.update(zip(self._keys, booked, strict=True))
-        for key, _limit_n, ttl in self._leases:
-            holders = held.get(key)
-            if holders is None:
-                held[key] = holders = {}
-            holders[token] = now + ttl
-        return req, req_left, req_reset, tok, tok_left, tok_reset
-
-    def give_back(self, delta: float, token: object) -> None:
-        """The request ended: move each token rate by ``delta`` units (negative gives back
-        an unused reservation) and release its leases."""
-        store = self._store
-        if delta:
-            now = store.clock()
+            take = ["def take(cost, token):"]
+            if self._max_cost != INF:
+                take.append(f"    if cost > {self._max_cost!r}:")
+                take.append("        return None")
+            take += ["    now = store.clock()", "    tats = store._tats", "    get = tats.get"]
+            for i, (key, interval, cap, _limit, _period, _most) in enumerate(self._requests):
+                take += [
+                    f"    tat = get({key!r}, now)",
+                    f"    r{i} = tat - now + {interval!r} if tat > now else {interval!r}",
+                    f"    if r{i} > {cap!r}:",
+                    "        return None",
+                ]
+            for i, (key, _interval, cap, limit, period, _most) in enumerate(self._tokens):
+                take += [
+                    f"    tat = get({key!r}, now)",
+                    f"    t{i} = cost * {period!r} / {limit!r}",  # as acquire_now computes it
+                    "    if tat > now:",
+                    f"        t{i} += tat - now",
+                    f"    if t{i} > {cap!r}:",
+                    "        return None",
+                ]
+            if self._leases:
+                take.append("    held = store._leases")
+            for i, (key, limit_n, _ttl) in enumerate(self._leases):
+                take += [
+                    f"    h{i} = held.get({key!r})",
+                    f"    if h{i} and len(h{i}) >= {limit_n!r}:",
+                    f"        store._expire(h{i}, now)",
+                    f"        if len(h{i}) >= {limit_n!r}:",
+                    "            return None",
+                ]
+            # Every limit allows it: record (a cost-0 check of a full key leaves no entry).
+            booked = [f"now + r{i}" for i in range(len(self._requests))]
+            booked += [f"now + t{i}" for i in range(len(self._tokens))]
+            if booked:
+                take.append(f"    if len(tats) + {len(booked)} >= store._sweep_at or not cost:")
+                take.append(f"        record(now, ({', '.join(booked)},))")
+                take.append("    else:")
+                for key, value in zip(self._keys, booked, strict=True):
+                    take.append(f"        tats[{key!r}] = {value}")
+            for i, (key, _limit_n, ttl) in enumerate(self._leases):
+                take += [
+                    f"    h{i} = held.get({key!r})",
+                    f"    if h{i} is None:",
+                    f"        held[{key!r}] = h{i} = {{}}",
+                    f"    h{i}[token] = now + {ttl!r}",
+                ]
+            # For each kind, the limit with the fewest units left after this request (a
+            # request passes ``debt <= cap``, so ``left`` is never negative); the first wins
+            # a tie.
+            for kind, rates in (("r", self._requests), ("t", self._tokens)):
+                if not rates:
+                    take.append(f"    {kind}_i, {kind}_left, {kind}_reset = -1, 0, 0.0")
+                    continue
+                for i, (_key, _interval, cap, limit, period, most) in enumerate(rates):
+                    take += [
+                        f"    left = int(({cap!r} - {kind}{i}) * {limit!r} / {period!r})",
+                        f"    if left > {most!r}:",
+                        f"        left = {most!r}",
+                    ]
+                    if i == 0:
+                        take.append(f"    {kind}_i, {kind}_left, {kind}_reset = 0, left, {kind}0")
+                    else:
+                        take += [
+                            f"    if left < {kind}_left:",
+                            f"        {kind}_i, {kind}_left, {kind}_reset = {i}, left, {kind}{i}",
+                        ]
+            take.append("    return r_i, r_left, r_reset, t_i, t_left, t_reset")
+        give = ["def give_back(delta, token):"]
+        if self._tokens:
+            give += ["    if delta:", "        now = store.clock()"]
             for key, _interval, _cap, limit, period, _most in self._tokens:
-                store._move(key, delta, period, limit, now)
-        store._release(self._lease_keys, token)
+                give.append(f"        store._move({key!r}, delta, {period!r}, {limit!r}, now)")
+        if self._lease_keys:
+            give.append("    held = store._leases")
+            for key in self._lease_keys:
+                give += [
+                    f"    h = held.get({key!r})",
+                    "    if h is not None and h.pop(token, None) is not None and not h:",
+                    f"        del held[{key!r}]",
+                ]
+        if len(give) == 1:
+            give.append("    return None")
+        return "\n".join([*take, "", *give, ""])
+
+    def _record(self, now: float, booked: tuple[float, ...]) -> None:
+        """Record the bookings one by one, when the dict is due a sweep or the cost is 0."""
+        store = self._store
+        tats = store._tats
+        for key, tat in zip(self._keys, booked, strict=True):
+            if tat > now:
+                if key not in tats and len(tats) >= store._sweep_at:
+                    store._sweep(now)
+                    tats = store._tats
+                tats[key] = tat
 
 
 def _compiled(rate: Rate, scale: float) -> tuple[str, float, float, float, float, int]:
