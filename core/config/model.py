@@ -344,7 +344,9 @@ class TimeoutsConfig(_Strict):
     ttft_s: float | None = Field(120.0, gt=0)
     """From being given an endpoint to the first token (or, not streamed, the whole
     answer). Exceeded: the engine call is cancelled and the request retried elsewhere
-    (see ``retries``) or answered 504 ``ttft_timeout``. ``None``: no limit."""
+    (see ``retries``) or answered 504 ``ttft_timeout``. ``None``: no limit. A limit of 5 s
+    or more is checked four times a second (it fires up to 0.5 s late), a shorter one by a
+    timer of its own."""
     idle_s: float | None = Field(60.0, gt=0)
     """Longest gap between two streamed chunks. Exceeded after the first byte: the stream
     ends with an SSE error event ``idle_timeout`` and ``[DONE]``, and the engine call is

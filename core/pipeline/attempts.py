@@ -23,7 +23,7 @@ from shuniu.core.errors import PROTOCOL_ERROR, GatewayError, upstream_error
 from shuniu.core.http.asgi import Send, send_error
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pools.pool import EndpointState, Pool
-from shuniu.core.pools.resilience import Resilience
+from shuniu.core.pools.resilience import COARSE_FROM_S, DeadlineWheel, Resilience
 from shuniu.core.state import GatewayState
 from shuniu.core.types import Chunk, Completion, Embeddings, InferenceRequest, Outcome, Scores
 
@@ -57,10 +57,12 @@ class Opened:
 class Attempts:
     """Admission, attempts, retries and fallback for one gateway."""
 
-    __slots__ = ("_state",)
+    __slots__ = ("_state", "_wheel")
 
     def __init__(self, state: GatewayState) -> None:
         self._state = state
+        self._wheel: DeadlineWheel | None = None
+        """The long time-to-first-output limits (one timer for all of them)."""
 
     async def open(
         self,
@@ -110,9 +112,22 @@ class Attempts:
                     call = backend.score(req)
                 if limit is None:
                     first = await call
-                else:
+                elif limit < COARSE_FROM_S:
                     async with asyncio.timeout(limit):
                         first = await call
+                else:
+                    wheel = self._wheel
+                    if wheel is None or wheel.loop is not loop:
+                        wheel = self._wheel = DeadlineWheel(loop)
+                    deadline = wheel.arm(loop.time() + limit)
+                    try:
+                        first = await call
+                    except asyncio.CancelledError:
+                        if not wheel.expired(deadline):
+                            raise
+                        raise TimeoutError from None
+                    finally:
+                        wheel.disarm(deadline)
             except StopAsyncIteration:
                 first = None
             except GatewayError as exc:

@@ -27,7 +27,7 @@ from shuniu.core.config import OutlierConfig, RetryConfig, TimeoutsConfig
 if TYPE_CHECKING:
     from shuniu.core.pools.pool import EndpointState, Pool
 
-__all__ = ["Resilience", "Watchdog"]
+__all__ = ["COARSE_FROM_S", "Deadline", "DeadlineWheel", "Resilience", "Watchdog"]
 
 log = logging.getLogger("shuniu.resilience")
 
@@ -183,3 +183,86 @@ class Watchdog:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+
+COARSE_FROM_S = 5.0
+"""Limits this long or longer are kept by a :class:`DeadlineWheel` (at most two of its ticks
+late: under 10%); shorter ones by a precise timer of their own."""
+
+
+class Deadline:
+    """One armed deadline of a :class:`DeadlineWheel`."""
+
+    __slots__ = ("bucket", "cancelling", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[object] | None, bucket: int) -> None:
+        self.task = task
+        self.bucket = bucket
+        self.cancelling = task.cancelling() if task is not None else 0
+        """The task's pending cancellations when armed: one more when it fires is ours."""
+        self.fired = False
+
+
+class DeadlineWheel:
+    """Deadlines of seconds or more (an attempt's time to its first output: 120 s by
+    default), kept in buckets of ``tick_s`` and checked by one timer while any is armed.
+
+    Why not ``asyncio.timeout`` per attempt: on Python 3.11 entering and leaving one cost
+    about 36,000 interpreter instructions per request (a ``Timeout``, the current task, a
+    timer handle made and cancelled), 13% of the whole in-process request path, for a limit
+    that almost never fires. Arming here is one small object and one set insert. A deadline
+    fires between its time and two ticks after it, cancelling the task that armed it; the
+    caller turns that cancellation into a ``TimeoutError`` (see :meth:`expired`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = 0.25) -> None:
+        self.loop = loop
+        self.tick_s = tick_s
+        self.buckets: dict[int, set[Deadline]] = {}
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self, when: float) -> Deadline:
+        """A deadline at ``when`` (the loop's clock) for the current task."""
+        bucket = int(when / self.tick_s) + 1  # swept once the clock passes bucket * tick_s > when
+        deadline = Deadline(asyncio.current_task(), bucket)
+        armed = self.buckets.get(bucket)
+        if armed is None:
+            armed = self.buckets[bucket] = set()
+        armed.add(deadline)
+        if self.handle is None:
+            self.handle = self.loop.call_later(self.tick_s, self._sweep)
+        return deadline
+
+    def disarm(self, deadline: Deadline) -> None:
+        """The guarded call ended (either way): forget the deadline. A deadline that fired
+        while the call was completing has its cancellation taken back, as
+        ``asyncio.timeout`` does."""
+        armed = self.buckets.get(deadline.bucket)
+        if armed is not None:
+            armed.discard(deadline)
+            if not armed:
+                del self.buckets[deadline.bucket]
+        task, deadline.task = deadline.task, None
+        if deadline.fired and task is not None and task.cancelling() > deadline.cancelling:
+            task.uncancel()
+
+    @staticmethod
+    def expired(deadline: Deadline) -> bool:
+        """Whether a ``CancelledError`` that ended the guarded call was this deadline's own
+        (then its cancellation is taken back, and the caller raises ``TimeoutError``);
+        false when the task was (also) cancelled by someone else."""
+        task = deadline.task
+        if not deadline.fired or task is None:
+            return False
+        deadline.task = None
+        return task.uncancel() <= deadline.cancelling
+
+    def _sweep(self) -> None:
+        self.handle = None
+        due = int(self.loop.time() / self.tick_s)
+        for bucket in [b for b in self.buckets if b <= due]:
+            for deadline in self.buckets.pop(bucket):
+                deadline.fired = True
+                if deadline.task is not None:
+                    deadline.task.cancel()
+        if self.buckets:
+            self.handle = self.loop.call_later(self.tick_s, self._sweep)
