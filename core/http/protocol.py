@@ -45,6 +45,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr
@@ -203,9 +204,7 @@ class _Cycle:
                 raise RuntimeError("Response content shorter than Content-Length")
             self.complete = True
             self.on_gone = None
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            self.wake()
             conn.response_complete(self)
 
     def _start(self, status: int, headers: Any) -> None:
@@ -417,10 +416,7 @@ class GatewayProtocol(asyncio.Protocol):
             if cycle is not None:
                 cycle.gone()
         self.pipeline.clear()
-        drained, self.drained = self.drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-        self.write_paused = False
+        self.resume_writing()  # a send waiting to drain returns (and finds the client gone)
         self.phase = _BUSY
         if exc is None:
             self.transport.close()
@@ -524,8 +520,6 @@ class GatewayProtocol(asyncio.Protocol):
         raw_path = url.path
         path = raw_path.decode("ascii")
         if "%" in path:
-            from urllib.parse import unquote
-
             path = unquote(path)
         scope: dict[str, Any] = {
             "type": "http",

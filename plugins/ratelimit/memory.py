@@ -346,6 +346,8 @@ class MemoryBinding:
                 take.append("    else:")
                 for key, value in zip(self._keys, booked, strict=True):
                     take.append(f"        tats[{key!r}] = {value}")
+            # Looked up again, not reused from the check: a sweep in ``record`` may have
+            # dropped an emptied holders dict from ``held``.
             for i, (key, _limit_n, ttl) in enumerate(self._leases):
                 take += [
                     f"    h{i} = held.get({key!r})",
