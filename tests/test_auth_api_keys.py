@@ -50,6 +50,27 @@ def test_known_key_gives_its_principal_and_unknown_passes() -> None:
     assert auth.authenticate("", ()) is None
 
 
+def test_a_key_that_passed_is_not_hashed_again_and_a_failed_one_is_not_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shuniu.plugins.auth.api_keys as module
+
+    a, b = new_key(), new_key()
+    auth = ApiKeys(_options(a, b))
+    first = auth.authenticate(a, ())
+    for _ in range(200):  # wrong keys: each hashed, none remembered
+        assert auth.authenticate(new_key(), ()) is None
+    assert len(auth._verified) == 1
+
+    def no_hashing(data: bytes) -> object:
+        raise AssertionError("a remembered key was hashed again")
+
+    monkeypatch.setattr(module.hashlib, "sha256", no_hashing)
+    assert auth.authenticate(a, ()) is first
+    with pytest.raises(AssertionError):  # b never passed: it still needs its hash
+        auth.authenticate(b, ())
+
+
 def test_key_models_and_limits_reach_the_principal() -> None:
     key = new_key()
     opts = ApiKeysOptions.model_validate(
