@@ -276,3 +276,35 @@ def test_a_run_stops_once_its_itl_or_goodput_verdict_is_settled() -> None:
     missed = run(StopRule(missed_most=5))
     assert missed["stopped_at"] is not None and missed["stopped_at"] < 20
     assert missed["requests_completed"] > 5 and missed["goodput"] < 0.5
+
+
+def test_precise_prefix_gets_the_engines_kv_events_of_array_prompts() -> None:
+    # The workload's prompts are arrays of token ids; the engines publish the blocks they
+    # cache (token ids as lists, as the wire type says) to the balancer's exact index.
+    resolved = _deployment(
+        "{hardware: h200, model: qwen2.5-7b}", replicas=2, extra="balancer: {policy: precise_prefix}"
+    )
+    workload = load_workload(WORKLOADS / "chat-shared-prefix.yaml")
+    s = simulate(resolved, load_plugins(), workload, duration=40).summary()
+    assert s["requests_arrived"] > 100
+    assert s["requests_completed"] == s["requests_arrived"] and s["unfinished"] == 0
+    assert s["prefix_hit_rate"] > 0.5
+
+
+def test_an_engine_that_fails_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shuniu.backends.sim.engine import EngineCore
+
+    planned = EngineCore.schedule
+    calls = 0
+
+    def schedule(self: EngineCore):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 50:
+            raise KeyError("a bug in the engine")
+        return planned(self)
+
+    monkeypatch.setattr(EngineCore, "schedule", schedule)
+    resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
+    with pytest.raises(RuntimeError, match="simulated engine of m-0 failed: KeyError"):
+        simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)

@@ -68,6 +68,11 @@ class DisaggregatedEngine:
         return [*self.prefill, *self.decode]
 
     @property
+    def failure(self) -> BaseException | None:
+        """The first of its engines' :attr:`SimEngine.failure`."""
+        return next((e.failure for e in self.engines if e.failure is not None), None)
+
+    @property
     def cores(self) -> list[EngineCore]:
         """Every engine's core (preemptions, KV block size)."""
         return [e.core for e in self.engines]

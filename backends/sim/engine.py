@@ -703,7 +703,8 @@ class EngineCore:
                     BlockStored(
                         hashes[run:b],
                         hashes[run - 1] if run else None,
-                        self._all_tokens(seq, run * bs, b * bs),
+                        # a list, as the wire type says (a workload's prompt is an array)
+                        list(self._all_tokens(seq, run * bs, b * bs)),
                         bs,
                         medium="GPU",
                     )
@@ -960,6 +961,15 @@ class SimEngine:
             await asyncio.sleep(dt)
             core.apply(batch, loop.time())
             self._publish()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What ended the engine's loop, if something other than :meth:`stop` did (a bug:
+        the sequences in it would wait forever)."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

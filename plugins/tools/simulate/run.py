@@ -236,6 +236,11 @@ async def _run(
         if pending:
             await asyncio.wait(pending)
     result.sim_time_s = loop.time()
+    for pool in gateway.pools.values():
+        for ep in pool.endpoints:
+            failure = ep.backend.engine.failure
+            if failure is not None:  # its requests hung: the figures would mean nothing
+                raise RuntimeError(f"the simulated engine of {ep.name} failed: {failure!r}") from failure
     if sampler is not None:
         sampler.cancel()
     if progress is not None:
