@@ -86,6 +86,29 @@ CASES = {
         30.0,
         1.0,
     ),
+    # chat under a small KV cache: preemptions, with arrivals and iteration ends at the same
+    # virtual time (the loop keeps such ties in the order they were set, whatever the
+    # number of timers, so leaps and steps see them alike)
+    "chat-kv-pressure": (
+        _deployment(
+            "{hardware: h200, model: llama-3.1-8b, kv_cache_tokens: 30000, max_num_batched_tokens: 1024}",
+            2,
+            "round_robin",
+        ),
+        "chat-shared-prefix.yaml",
+        40.0,
+        1.2,
+    ),
+    "heavy-kv-pressure": (
+        _deployment(
+            "{hardware: h200, model: llama-3.1-8b, kv_cache_tokens: 12000, max_num_batched_tokens: 1024}",
+            2,
+            "round_robin",
+        ),
+        "shared-prompts-kv-pressure.yaml",
+        30.0,
+        2.0,
+    ),
     # the calibrated CPU profile: seeded step jitter and a per-request admission cost
     "jitter": (
         _deployment(
@@ -107,8 +130,9 @@ def test_leaps_change_nothing_but_the_events(case: str) -> None:
     assert stepped["requests_completed"] > 20
     assert leapt_iterations == iterations  # the same iterations ran...
     assert timers == iterations  # (one timer each, stepping)
-    assert leapt_timers < iterations / 2  # ...in far fewer events
+    # ...in fewer events (far fewer unless sequences wait for KV blocks most of the time)
+    assert leapt_timers < iterations * (0.9 if case == "heavy-kv-pressure" else 0.5)
     for key in COMPARED:
         assert leapt[key] == pytest.approx(stepped[key], rel=1e-9, abs=1e-12), key
-    if case == "kv-pressure":
+    if "kv-pressure" in case:
         assert stepped["preemptions"] > 0
