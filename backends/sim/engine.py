@@ -359,9 +359,12 @@ class EngineCore:
         b = max(have, in_prompt)
         if b >= full:
             return
+        # Into the answer: every full block of it is hashed now (its ids are generated
+        # whole anyway), so the blocks its decode fills later find their hashes here.
+        p = seq.prompt_len
+        full = max(full, (p + seq.max_output) // bs)
         h = hashes[-1] if hashes else bs
         append = hashes.append
-        p = seq.prompt_len
         if b * bs < p:  # the block the prompt ends in, with the first output tokens
             h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
             append(h)
@@ -667,11 +670,10 @@ class EngineCore:
     def _register_full(self, seq: Seq, full: int) -> None:
         """Make ``seq``'s first ``full`` blocks findable in the prefix cache (publishing them
         when the engine collects KV events)."""
-        self._extend_hashes(seq, full * self.config.block_size)
+        if len(seq.hashes) < full:
+            self._extend_hashes(seq, full * self.config.block_size)
         if self.kv_events is None:
-            pool, hashes, blocks = self.pool, seq.hashes, seq.blocks
-            for b in range(seq.num_hashed, full):
-                pool.register(blocks[b], hashes[b])
+            self.pool.register_run(seq.blocks, seq.hashes, seq.num_hashed, full)
         else:
             self._register_publishing(seq, full)
         seq.num_hashed = full

@@ -114,6 +114,19 @@ class BlockPool:
         self._hash_of[block] = h
         return self._index.setdefault(h, block) == block
 
+    def register_run(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
+        """:meth:`register` of ``blocks[i]`` with ``hashes[i]`` for ``start <= i < stop``, in
+        one call (a decode fills one block at a time; a prefill, many)."""
+        if not self.caching:
+            return
+        hash_of, index = self._hash_of, self._index
+        for i in range(start, stop):
+            block = blocks[i]
+            if hash_of[block] is None:
+                h = hashes[i]
+                hash_of[block] = h
+                index.setdefault(h, block)
+
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block; unreferenced hashed blocks stay cached (LRU),
         unhashed ones go back to the free list. Released in reverse so that a request's tail
