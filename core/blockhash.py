@@ -41,10 +41,27 @@ class PrefixChain:
     def hashes(self, ids: Sequence[int], block: int, shared: int) -> list[int]:
         """The chain of ``ids``'s full blocks (a fresh list), remembering those within its
         first ``shared`` tokens for the prompts that follow."""
+        stable = min(shared, len(ids)) // block
+        return extend_chain(self.known(ids, block, shared)[:stable], ids, block, len(ids) // block)
+
+    def known(self, ids: Sequence[int], block: int, shared: int) -> list[int]:
+        """The remembered chain, hashed on to cover at least ``ids``'s first ``shared``
+        tokens' full blocks (it may hold more; the memo itself: not to be changed)."""
         memo = self._chains.get(block)
         if memo is None:
             memo = self._chains[block] = []
         stable = min(shared, len(ids)) // block
         if len(memo) < stable:
             extend_chain(memo, ids, block, stable)
-        return extend_chain(memo[:stable], ids, block, len(ids) // block)
+        return memo
+
+    def adopt(self, chain: Sequence[int], block: int, shared: int) -> None:
+        """Remember the full blocks of ``chain``'s first ``shared`` tokens, hashed already
+        elsewhere (the same formula, blocks of ``block`` tokens), as what the prompts that
+        follow start with; ``chain`` must start with what is remembered."""
+        memo = self._chains.get(block)
+        if memo is None:
+            memo = self._chains[block] = []
+        stable = min(shared // block, len(chain))
+        if len(memo) < stable:
+            memo += chain[len(memo) : stable]

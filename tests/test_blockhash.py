@@ -49,6 +49,31 @@ def test_a_shared_system_prompt_is_remembered_but_not_the_rest() -> None:
     assert extend_chain([], system, 16, 3) == _fresh(system, 16)[:3]
 
 
+def test_a_chain_hashed_elsewhere_is_adopted_as_it_is() -> None:
+    # A conversation whose engine hashed each turn's prompt and answer (the same formula):
+    # the next turn takes those hashes, the very objects, and hashes only its new message.
+    system = synthetic_ids(3, 70)
+    family = PrefixChain()
+    chain = PrefixChain()
+    chain.adopt(family.known([*system, 1, 2, 3], 16, len(system)), 16, len(system))
+    assert family.known(system, 16, len(system)) == _fresh(system, 16)
+    prompt = system + synthetic_ids(300, 45)
+    for turn in range(4):
+        got = chain.hashes(prompt, 16, len(prompt))
+        assert got == _fresh(prompt, 16)
+        answer = synthetic_ids(400 + turn, 33 + turn)
+        engine = extend_chain(list(got), prompt + answer, 16, (len(prompt) + len(answer)) // 16)
+        chain.adopt(engine, 16, len(prompt) + len(answer))
+        prompt = prompt + answer + synthetic_ids(500 + turn, 20)
+        again = chain.hashes(prompt, 16, len(prompt))
+        assert again == _fresh(prompt, 16)
+        assert all(a is b for a, b in zip(again, engine, strict=False))  # adopted, not rehashed
+    # Adopting less than is known, or another block size, changes nothing known.
+    known = list(chain.known(prompt, 16, 0))
+    chain.adopt(known[:3], 16, 10_000)
+    assert chain.known(prompt, 16, 0) == known
+
+
 def test_chat_turns_declare_what_the_next_turn_shares() -> None:
     w = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml")
     by_conversation: dict[str, list] = {}

@@ -38,6 +38,19 @@ LEAP_STEPS = 512
 """Most decode iterations an engine runs as one event in a simulation (``SimEngine.leap_steps``)."""
 
 
+def _chain(chains: OrderedDict[str, PrefixChain], key: str) -> PrefixChain:
+    """The remembered chain of prompt family ``key`` (a new one if forgotten), now the most
+    recent of :data:`CHAINS`."""
+    chain = chains.get(key)
+    if chain is None:
+        chain = chains[key] = PrefixChain()
+        if len(chains) > CHAINS:
+            chains.popitem(last=False)
+    else:
+        chains.move_to_end(key)
+    return chain
+
+
 def _check_sim_only(resolved: ResolvedDeployment) -> None:
     problems = [
         Problem(
@@ -123,17 +136,25 @@ async def _run(
             token_ids=spec.prompt,
         )
         key = spec.chain_key
+        chain: PrefixChain | None = None
         if key is not None:
             # The blocks this prompt shares with its conversation's earlier turns (or its
             # system prompt) were hashed then: only the new ones are hashed now.
+            block = block_of[model]
             chain = chains.get(key)
             if chain is None:
                 chain = chains[key] = PrefixChain()
                 if len(chains) > CHAINS:
                     chains.popitem(last=False)
+                if spec.prefix_group is not None and spec.prefix_tokens and key.startswith("chat:"):
+                    # A new conversation starts with its system prompt, hashed once for all
+                    # the conversations that share it (the family a non-chat request of that
+                    # system prompt names).
+                    family = _chain(chains, f"system:{spec.prefix_group}")
+                    shared = spec.prefix_tokens
+                    chain.adopt(family.known(spec.prompt, block, shared), block, shared)
             else:
                 chains.move_to_end(key)
-            block = block_of[model]
             req.prefix_hashes = chain.hashes(spec.prompt, block, spec.chain_tokens)
             req.prefix_block = block
         tier = result.tier(spec.tier)
@@ -164,12 +185,17 @@ async def _run(
         )
         seq.on_first = functools.partial(pool.first_output, ticket)
         hashes = req.prefix_hashes
-        if hashes is not None and req.prefix_block == backend.engine.core.config.block_size:
-            seq.hashes = list(hashes)  # the balancer's chain is the engine's: hash once
+        shared_chain = hashes is not None and req.prefix_block == backend.engine.core.config.block_size
+        if shared_chain:
+            seq.hashes = list(hashes)  # type: ignore[arg-type]  # the balancer's chain is the engine's: hash once
         outcome = Outcome.ERROR
         try:
             await backend.run_seq(seq)
             outcome = Outcome.OK
+            if shared_chain and chain is not None and key is not None and key.startswith("chat:"):
+                # The conversation's next turn starts with this prompt and its answer, whose
+                # blocks the engine has hashed (the same chain): not hashed again then.
+                chain.adopt(seq.hashes, req.prefix_block, len(spec.prompt) + seq.output_count)
         except ValueError:
             result.rejected += 1
             result.rejected_by_code["too_long"] = result.rejected_by_code.get("too_long", 0) + 1
