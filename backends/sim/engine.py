@@ -591,7 +591,11 @@ class EngineCore:
         if k <= 1:
             return 1
         free = self.pool.available
-        if self._leap_blocks(batch, k) > free:
+        # Each sequence holds the block of its next token already, so k more tokens need at
+        # most ceil((k - 1) / block) more blocks each: the exact count only when that could
+        # exceed the free blocks.
+        bs = cfg.block_size
+        if len(batch.items) * ((k + bs - 2) // bs) > free and self._leap_blocks(batch, k) > free:
             lo, hi = 1, k - 1  # the longest leap the free blocks carry (1 always does)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -818,7 +822,10 @@ class SimEngine:
                 return  # aborted during the admission delay
             self._delayed.discard(seq)
         if self._leap is not None:
-            self._cut()
+            # A new sequence only joins the queue: the iterations already ended are
+            # committed with the rest at the end of the one in progress, in one pass over
+            # the batch (unless KV events must tell the balancer about them now).
+            self._cut(sync=self.kv_publisher is not None)
         self.core.add(seq)
         idle = self._idle
         if idle is not None and not idle.done():
@@ -866,12 +873,17 @@ class SimEngine:
             leap.done = done
             self._publish()
 
-    def _cut(self) -> None:
-        """Something changes the batch: end the current leap with the iteration in progress."""
-        self._sync()
+    def _cut(self, sync: bool = True) -> None:
+        """Something changes the batch: end the current leap with the iteration in progress
+        (committing the iterations ended by now first, unless not ``sync``)."""
         leap = self._leap
         assert leap is not None
-        keep = leap.done + 1
+        if sync:
+            self._sync()
+            keep = leap.done + 1
+        else:
+            now = asyncio.get_running_loop().time()
+            keep = bisect.bisect_right(leap.ends, now, leap.done, leap.steps) + 1
         if leap.steps > keep:
             if leap.factors:
                 self._jitter.extendleft(reversed(leap.factors[keep : leap.steps]))
