@@ -33,7 +33,7 @@ async def test_a_deadline_cancels_its_task_and_the_cancellation_is_taken_back() 
     task = asyncio.create_task(_guarded(wheel, loop.time() + 0.02, asyncio.Event()))
     assert await task == "timed out"
     assert task.cancelling() == 0  # nothing left pending for the code after it
-    assert not wheel.buckets
+    assert not wheel.wheel.buckets
 
 
 async def test_a_disarmed_deadline_never_fires() -> None:
@@ -43,13 +43,13 @@ async def test_a_disarmed_deadline_never_fires() -> None:
     async def body() -> str:
         deadline = wheel.arm(loop.time() - 1)  # already due: the next sweep would fire it
         wheel.disarm(deadline)
-        wheel._sweep()
+        wheel.wheel._sweep()
         await asyncio.sleep(0)  # a cancellation, had there been one, would land here
         return "ran on"
 
     task = asyncio.create_task(body())
     assert await task == "ran on"
-    assert task.cancelling() == 0 and not wheel.buckets and wheel.handle is None
+    assert task.cancelling() == 0 and not wheel.wheel.buckets and wheel.wheel.handle is None
 
 
 async def test_someone_elses_cancellation_is_not_taken_for_the_deadline() -> None:
@@ -64,11 +64,11 @@ async def test_someone_elses_cancellation_is_not_taken_for_the_deadline() -> Non
     # Both at once: the deadline fires and the caller cancels before the task runs again.
     task = asyncio.create_task(_guarded(wheel, loop.time() - 1, asyncio.Event()))
     await asyncio.sleep(0)
-    wheel._sweep()
+    wheel.wheel._sweep()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not wheel.buckets
+    assert not wheel.wheel.buckets
 
 
 def test_a_hung_engine_under_a_long_ttft_limit_gets_504_ttft_timeout(gateway_factory) -> None:  # type: ignore[no-untyped-def]

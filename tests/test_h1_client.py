@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
+from shuniu.backends.http import h1
 from shuniu.backends.http.h1 import H1Pool
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
@@ -161,7 +162,12 @@ async def test_a_body_ends_by_length_by_chunks_or_by_close(serve, framing: str) 
     await pool.close()
 
 
-async def test_the_total_time_limit_ends_a_stalled_body_with_a_timeout(serve) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kept_by", ["own timer", "wheel"])
+async def test_the_total_time_limit_ends_a_stalled_body_with_a_timeout(
+    serve, kept_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    if kept_by == "wheel":  # limits this long are kept by the pool's TimerWheel
+        monkeypatch.setattr(h1, "COARSE_FROM_S", 0.1)
     release = asyncio.Event()
 
     async def stall(body: bytes, writer: asyncio.StreamWriter) -> bool:
@@ -184,6 +190,21 @@ async def test_the_total_time_limit_ends_a_stalled_body_with_a_timeout(serve) ->
     with pytest.raises(TimeoutError):
         await pool.post(server.url + "/silent", data=b"silent", headers={})
     release.set()
+    await pool.close()
+
+
+async def test_a_finished_answer_leaves_nothing_armed(serve) -> None:  # type: ignore[no-untyped-def]
+    async def answer(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        return True
+
+    server = await serve(answer)
+    pool = _pool(server, timeout_s=600.0)
+    for _ in range(20):
+        resp = await pool.post(server.url + "/x", data=b"", headers={})
+        assert await resp.read() == b"ok"
+        resp.release()
+    assert pool._wheel is not None and not pool._wheel.buckets
     await pool.close()
 
 

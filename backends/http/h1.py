@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
+from shuniu.core.timers import COARSE_FROM_S, TimerWheel
+
 __all__ = ["H1Pool", "H1Response"]
 
 _PAUSE_AT = 256 * 1024
@@ -47,6 +49,7 @@ class H1Response:
         "_size",
         "_timer",
         "_waiter",
+        "bucket",
         "keep_alive",
         "status",
     )
@@ -60,7 +63,10 @@ class H1Response:
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | TimerWheel | None = None
+        """What keeps the total-time limit: its own timer, or the pool's wheel (a limit of
+        seconds or more, the default 600 s: see :mod:`shuniu.core.timers`)."""
+        self.bucket = 0  # in the wheel
         self._raw_headers: list[tuple[bytes, bytes]] = []
 
     @property
@@ -90,9 +96,17 @@ class H1Response:
         self._wake()
 
     def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
             self._timer = None
+            if type(timer) is TimerWheel:
+                timer.disarm(self)
+            else:
+                timer.cancel()  # type: ignore[union-attr]
+
+    def expire(self) -> None:
+        """The pool's wheel: the total-time limit has passed."""
+        self._timed_out()
 
     def _end(self) -> None:
         self._done = True
@@ -304,6 +318,7 @@ class H1Pool:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
+        self._wheel: TimerWheel | None = None
         self._idle: deque[_Connection] = deque()
         self._open = 0
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
@@ -320,7 +335,14 @@ class H1Pool:
         resp = H1Response(conn)
         conn.response = resp
         head = conn.head = loop.create_future()
-        resp._timer = loop.call_at(loop.time() + self._timeout_s, resp._timed_out)
+        if self._timeout_s >= COARSE_FROM_S:
+            wheel = self._wheel
+            if wheel is None or wheel.loop is not loop:
+                wheel = self._wheel = TimerWheel(loop)
+            wheel.arm(resp, loop.time() + self._timeout_s)
+            resp._timer = wheel
+        else:
+            resp._timer = loop.call_at(loop.time() + self._timeout_s, resp._timed_out)
         assert conn.transport is not None
         conn.transport.write(self._request(url, data, headers))
         try:

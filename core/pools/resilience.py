@@ -23,6 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from shuniu.core.config import OutlierConfig, RetryConfig, TimeoutsConfig
+from shuniu.core.timers import COARSE_FROM_S, TimerWheel
 
 if TYPE_CHECKING:
     from shuniu.core.pools.pool import EndpointState, Pool
@@ -185,27 +186,28 @@ class Watchdog:
             self.handle = None
 
 
-COARSE_FROM_S = 5.0
-"""Limits this long or longer are kept by a :class:`DeadlineWheel` (at most two of its ticks
-late: under 10%); shorter ones by a precise timer of their own."""
-
-
 class Deadline:
-    """One armed deadline of a :class:`DeadlineWheel`."""
+    """One armed deadline of a :class:`DeadlineWheel`: it cancels the task that armed it."""
 
     __slots__ = ("bucket", "cancelling", "fired", "task")
 
-    def __init__(self, task: asyncio.Task[object] | None, bucket: int) -> None:
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
         self.task = task
-        self.bucket = bucket
+        self.bucket = 0
         self.cancelling = task.cancelling() if task is not None else 0
         """The task's pending cancellations when armed: one more when it fires is ours."""
         self.fired = False
 
+    def expire(self) -> None:
+        self.fired = True
+        if self.task is not None:
+            self.task.cancel()
+
 
 class DeadlineWheel:
     """Deadlines of seconds or more (an attempt's time to its first output: 120 s by
-    default), kept in buckets of ``tick_s`` and checked by one timer while any is armed.
+    default) that cancel the task that armed them, kept by a
+    :class:`~shuniu.core.timers.TimerWheel`.
 
     Why not ``asyncio.timeout`` per attempt: on Python 3.11 entering and leaving one cost
     about 36,000 interpreter instructions per request (a ``Timeout``, the current task, a
@@ -214,33 +216,26 @@ class DeadlineWheel:
     fires between its time and two ticks after it, cancelling the task that armed it; the
     caller turns that cancellation into a ``TimeoutError`` (see :meth:`expired`)."""
 
+    __slots__ = ("wheel",)
+
     def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = 0.25) -> None:
-        self.loop = loop
-        self.tick_s = tick_s
-        self.buckets: dict[int, set[Deadline]] = {}
-        self.handle: asyncio.TimerHandle | None = None
+        self.wheel = TimerWheel(loop, tick_s)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.wheel.loop
 
     def arm(self, when: float) -> Deadline:
         """A deadline at ``when`` (the loop's clock) for the current task."""
-        bucket = int(when / self.tick_s) + 1  # swept once the clock passes bucket * tick_s > when
-        deadline = Deadline(asyncio.current_task(), bucket)
-        armed = self.buckets.get(bucket)
-        if armed is None:
-            armed = self.buckets[bucket] = set()
-        armed.add(deadline)
-        if self.handle is None:
-            self.handle = self.loop.call_later(self.tick_s, self._sweep)
+        deadline = Deadline(asyncio.current_task())
+        self.wheel.arm(deadline, when)
         return deadline
 
     def disarm(self, deadline: Deadline) -> None:
         """The guarded call ended (either way): forget the deadline. A deadline that fired
         while the call was completing has its cancellation taken back, as
         ``asyncio.timeout`` does."""
-        armed = self.buckets.get(deadline.bucket)
-        if armed is not None:
-            armed.discard(deadline)
-            if not armed:
-                del self.buckets[deadline.bucket]
+        self.wheel.disarm(deadline)
         task, deadline.task = deadline.task, None
         if deadline.fired and task is not None and task.cancelling() > deadline.cancelling:
             task.uncancel()
@@ -255,14 +250,3 @@ class DeadlineWheel:
             return False
         deadline.task = None
         return task.uncancel() <= deadline.cancelling
-
-    def _sweep(self) -> None:
-        self.handle = None
-        due = int(self.loop.time() / self.tick_s)
-        for bucket in [b for b in self.buckets if b <= due]:
-            for deadline in self.buckets.pop(bucket):
-                deadline.fired = True
-                if deadline.task is not None:
-                    deadline.task.cancel()
-        if self.buckets:
-            self.handle = self.loop.call_later(self.tick_s, self._sweep)
