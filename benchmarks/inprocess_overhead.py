@@ -3,9 +3,12 @@ an instant backend registered in code, so the figure is what the request path co
 nothing else (no server, no client, no upstream). It sees below the noise of
 gateway_overhead.py; to compare two trees, run each tree's own interpreter, alternating:
 
-    python benchmarks/inprocess_overhead.py plain|auth|key-limits|limits|features|full|governed N json|stream
+    python benchmarks/inprocess_overhead.py CONFIGURATION N json|stream
 
-``plain``: one endpoint, the default scheduler and balancer; ``features``: what
+with CONFIGURATION one of plain, minimal, auth, key-limits, limits, features, full, governed.
+
+``plain``: one endpoint, the default scheduler and balancer; ``minimal``: one endpoint,
+``round_robin`` and ``fifo`` (what ``benchmarks/peers.py`` calls ``minimal``); ``features``: what
 ``benchmarks/peers.py`` calls ``full`` (API keys, key and tenant RPM/TPM/concurrency limits in
 the memory store, never binding, ``priority`` and ``prefix_affinity`` over one endpoint);
 ``full``: API keys, memory rate limits, the response cache, prefix_affinity and priority over
@@ -48,6 +51,14 @@ KEY = "sk-test-0123456789abcdef"
 PLAIN = """
 models:
   m:
+    endpoints: [{kind: instant}]
+"""
+# What ``benchmarks/peers.py`` calls ``minimal``: round_robin and fifo.
+MINIMAL = """
+models:
+  m:
+    balancer: {policy: round_robin}
+    scheduler: {policy: fifo}
     endpoints: [{kind: instant}]
 """
 AUTH = f"""
@@ -153,6 +164,7 @@ async def measure(cfg: str, n: int, stream: bool) -> float:
         "full": FULL,
         "features": FEATURES,
         "plain": PLAIN,
+        "minimal": MINIMAL,
         "governed": GOVERNED,
         "auth": AUTH_ONLY,
         "key-limits": KEY_LIMITS,
