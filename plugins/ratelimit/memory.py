@@ -378,9 +378,23 @@ class MemoryBinding:
             take.append("    return r_i, r_left, r_reset, t_i, t_left, t_reset")
         give = ["def give_back(delta, token):"]
         if self._tokens:
-            give += ["    if delta:", "        now = store.clock()"]
+            # MemoryRateLimitStore._move, inline for each token rate (the same arithmetic).
+            give += ["    if delta:", "        now = store.clock()", "        tats = store._tats"]
             for key, _interval, _cap, limit, period, _most in self._tokens:
-                give.append(f"        store._move({key!r}, delta, {period!r}, {limit!r}, now)")
+                give += [
+                    f"        tat = tats.get({key!r}, now)",
+                    "        if tat > now or delta > 0:",  # else nothing booked to give back
+                    "            if tat <= now:",
+                    "                tat = now",
+                    f"            tat += delta * {period!r} / {limit!r}",
+                    "            if tat > now:",
+                    f"                if {key!r} not in tats and len(tats) >= store._sweep_at:",
+                    "                    store._sweep(now)",
+                    "                    tats = store._tats",
+                    f"                tats[{key!r}] = tat",
+                    "            else:",
+                    f"                tats.pop({key!r}, None)",
+                ]
         if self._lease_keys:
             give.append("    held = store._leases")
             for key in self._lease_keys:
