@@ -1,5 +1,6 @@
 """Hot reload of the deployment file (SIGHUP and POST /admin/reload) through a real gateway
-process: applied without dropping a stream in flight; a bad file changes nothing."""
+process: applied without dropping a stream in flight; a bad file changes nothing; a key it
+removes is refused at once."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from shuniu.plugins.auth.api_keys import hash_key, new_key
-from tests.conftest import GatewayProcess, wait_until
+from tests.conftest import GatewayProcess, wait_until, with_public_readiness
 
 ADMIN = new_key()
 
@@ -122,3 +124,32 @@ def test_a_bad_file_changes_nothing_and_says_why(gateway_factory, tmp_path: Path
     assert any("added endpoint b " in c for c in changes), changes
     assert any("removing endpoint c " in c for c in changes), changes
     wait_until(lambda: _names(gw) == {"a-0", "a-1", "b"})
+
+
+def test_a_static_key_removed_by_a_reload_is_refused_at_once(gateway_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A key that passed is remembered (plugins/auth/api_keys.py); a reload builds the
+    # authenticators again, so what it remembered goes with the key.
+    keep, drop = new_key(), new_key()
+
+    def config(*keys: str) -> str:
+        entries = "".join(
+            f'          - {{id: k{i}, hash: "{hash_key(k)}", tenant: t}}\n' for i, k in enumerate(keys)
+        )
+        auth = "auth:\n  authenticators:\n    - kind: api_keys\n      options:\n        keys:\n" + entries
+        return _config(A) + auth
+
+    def ask(key: str) -> None:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model="chat", messages=messages, max_tokens=2)  # type: ignore[arg-type]
+
+    gw = gateway_factory(config(keep, drop))
+    for _ in range(3):  # both pass, and are remembered
+        ask(keep)
+        ask(drop)
+    (tmp_path / "deployment.yaml").write_text(with_public_readiness(config(keep)))
+    r = _reload(gw)
+    assert r.status_code == 200, r.text
+    with pytest.raises(openai.AuthenticationError):
+        ask(drop)
+    ask(keep)
