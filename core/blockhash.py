@@ -47,9 +47,7 @@ class PrefixChain:
     def known(self, ids: Sequence[int], block: int, shared: int) -> list[int]:
         """The remembered chain, hashed on to cover at least ``ids``'s first ``shared``
         tokens' full blocks (it may hold more; the memo itself: not to be changed)."""
-        memo = self._chains.get(block)
-        if memo is None:
-            memo = self._chains[block] = []
+        memo = self._memo(block)
         stable = min(shared, len(ids)) // block
         if len(memo) < stable:
             extend_chain(memo, ids, block, stable)
@@ -59,9 +57,14 @@ class PrefixChain:
         """Remember the full blocks of ``chain``'s first ``shared`` tokens, hashed already
         elsewhere (the same formula, blocks of ``block`` tokens), as what the prompts that
         follow start with; ``chain`` must start with what is remembered."""
-        memo = self._chains.get(block)
-        if memo is None:
-            memo = self._chains[block] = []
+        memo = self._memo(block)
         stable = min(shared // block, len(chain))
         if len(memo) < stable:
             memo += chain[len(memo) : stable]
+
+    def _memo(self, block: int) -> list[int]:
+        """The remembered chain for blocks of ``block`` tokens (empty at first)."""
+        memo = self._chains.get(block)
+        if memo is None:
+            memo = self._chains[block] = []
+        return memo

@@ -70,7 +70,11 @@ class DisaggregatedEngine:
     @property
     def failure(self) -> BaseException | None:
         """The first of its engines' :attr:`SimEngine.failure`."""
-        return next((e.failure for e in self.engines if e.failure is not None), None)
+        for engine in self.engines:
+            failure = engine.failure
+            if failure is not None:
+                return failure
+        return None
 
     @property
     def cores(self) -> list[EngineCore]:

@@ -200,8 +200,9 @@ class ApiKeys(Authenticator):
         entry = self._by_digest.get(digest)
         if entry is None or not hmac.compare_digest(entry[0], digest):
             return None  # not one of ours (never remembered): a later authenticator may know it
-        if len(self._verified) < len(self._by_digest):  # one text per key digest: always true
-            self._verified[credential] = entry[1]
+        # Bounded by the keys: only a configured key's text gets here (SHA-256 has no known
+        # collisions, and utf-8 with surrogateescape encodes distinct texts differently).
+        self._verified[credential] = entry[1]
         return entry[1]
 
 

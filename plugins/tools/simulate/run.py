@@ -38,17 +38,17 @@ LEAP_STEPS = 512
 """Most decode iterations an engine runs as one event in a simulation (``SimEngine.leap_steps``)."""
 
 
-def _chain(chains: OrderedDict[str, PrefixChain], key: str) -> PrefixChain:
-    """The remembered chain of prompt family ``key`` (a new one if forgotten), now the most
-    recent of :data:`CHAINS`."""
+def _chain(chains: OrderedDict[str, PrefixChain], key: str) -> tuple[PrefixChain, bool]:
+    """The remembered chain of prompt family ``key``, now the most recent of :data:`CHAINS`,
+    and whether it is new (never seen, or forgotten)."""
     chain = chains.get(key)
-    if chain is None:
-        chain = chains[key] = PrefixChain()
-        if len(chains) > CHAINS:
-            chains.popitem(last=False)
-    else:
+    if chain is not None:
         chains.move_to_end(key)
-    return chain
+        return chain, False
+    chain = chains[key] = PrefixChain()
+    if len(chains) > CHAINS:
+        chains.popitem(last=False)
+    return chain, True
 
 
 def _check_sim_only(resolved: ResolvedDeployment) -> None:
@@ -141,20 +141,14 @@ async def _run(
             # The blocks this prompt shares with its conversation's earlier turns (or its
             # system prompt) were hashed then: only the new ones are hashed now.
             block = block_of[model]
-            chain = chains.get(key)
-            if chain is None:
-                chain = chains[key] = PrefixChain()
-                if len(chains) > CHAINS:
-                    chains.popitem(last=False)
-                if spec.prefix_group is not None and spec.prefix_tokens and key.startswith("chat:"):
-                    # A new conversation starts with its system prompt, hashed once for all
-                    # the conversations that share it (the family a non-chat request of that
-                    # system prompt names).
-                    family = _chain(chains, f"system:{spec.prefix_group}")
-                    shared = spec.prefix_tokens
-                    chain.adopt(family.known(spec.prompt, block, shared), block, shared)
-            else:
-                chains.move_to_end(key)
+            chain, new = _chain(chains, key)
+            if new and spec.prefix_group is not None and spec.prefix_tokens and key.startswith("chat:"):
+                # A new conversation starts with its system prompt, hashed once for all the
+                # conversations that share it (the family a non-chat request of that system
+                # prompt names).
+                family, _ = _chain(chains, f"system:{spec.prefix_group}")
+                shared = spec.prefix_tokens
+                chain.adopt(family.known(spec.prompt, block, shared), block, shared)
             req.prefix_hashes = chain.hashes(spec.prompt, block, spec.chain_tokens)
             req.prefix_block = block
         tier = result.tier(spec.tier)
