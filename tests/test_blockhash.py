@@ -1,6 +1,6 @@
 """Hash chains of token blocks: the shared formula, the memo of prompts that start alike, and
-the prefix-cache walks built on them (the KV pool's lookup, the prefix index's match and
-record)."""
+the prefix-cache walks built on them (the prefix index's match and record; the KV pool's
+look-up is in test_kvcache.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from shuniu.backends.sim.kvcache import BlockPool
 from shuniu.core.blockhash import PrefixChain, extend_chain
 from shuniu.core.pools.prefix import match_depths
 from shuniu.core.traffic import load_workload
@@ -130,19 +129,6 @@ def test_recording_a_known_prefix_again_makes_it_the_most_recent() -> None:
     assert idx.match_sparse(c, 0b11) == {1: 5}
     idx._record(a[:3], 0b10)  # known blocks, a new endpoint: the slow path ORs the bit in
     assert idx.match_sparse(a, 0b11) == {0: 5, 1: 3}
-
-
-def test_kv_lookup_stops_at_the_first_block_not_cached() -> None:
-    pool = BlockPool(8)
-    blocks = pool.allocate(4)
-    assert blocks is not None
-    for b, h in zip(blocks, (11, 12, 13, 14), strict=True):
-        pool.register(b, h)
-    assert pool.lookup([11, 12, 13, 14, 15]) == blocks
-    pool.release(blocks)  # all four cached, unreferenced, evictable tail first
-    assert pool.allocate(5) is not None  # 4 free blocks, then one eviction: the tail (14)
-    assert pool.lookup([11, 12, 13, 14]) == blocks[:3]
-    assert pool.lookup([99, 11]) == []
 
 
 EXAMPLES = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))

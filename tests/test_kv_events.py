@@ -163,9 +163,9 @@ def test_the_simulators_events_agree_with_its_cache_block_for_block() -> None:
         for b in range(len(prompt) // 4):
             h = hash((h, tuple(prompt[b * 4 : (b + 1) * 4])))
             engine_hashes.append(h)
-        held = len(core.pool.lookup(engine_hashes))
+        held = core.pool.lookup(engine_hashes, len(engine_hashes))[1]
         assert index.match_sparse(prefix_hashes(_req(prompt), 256, 4), 1).get(0, 0) == held
-    assert index.blocks(0) == len(core.pool._index)
+    assert index.blocks(0) == core.pool.cached
 
 
 def _free_port() -> int:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shuniu.backends.sim.costmodel import jitter_factor
-from shuniu.backends.sim.kvcache import BlockPool
+from shuniu.backends.sim.kvcache import BlockPool, Hits, Run
 from shuniu.backends.sim.stats import LogHistogram
 from shuniu.core.blockhash import extend_chain
 from shuniu.core.kv_events.wire import BlockRemoved, BlockStored, EventBatch, KvEvent
@@ -107,7 +107,6 @@ class Seq:
 
     __slots__ = (
         "arrival",
-        "blocks",
         "cached_tokens",
         "done",
         "external_tokens",
@@ -117,6 +116,7 @@ class Seq:
         "id",
         "last_token_at",
         "max_output",
+        "num_blocks",
         "num_computed",
         "num_hashed",
         "on_first",
@@ -127,6 +127,7 @@ class Seq:
         "priority",
         "prompt",
         "prompt_len",
+        "runs",
         "status",
         "waiter",
     )
@@ -159,12 +160,14 @@ class Seq:
         hits; lost on a preemption (recomputed, as vLLM does)."""
         self.output_count = 0
         self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
-        self.blocks: list[int] = []
+        self.runs: list[Run] = []
+        """The cached runs of KV blocks it uses (:mod:`~shuniu.backends.sim.kvcache`)."""
+        self.num_blocks = 0  # KV blocks it holds: its runs' and those not full yet
         self.hashes: list[int] = []
         """Chained hashes of the full blocks known so far: ``hash((previous, block tokens))``
         from the block size on (what ``core.pools.prefix.prefix_hashes`` computes for blocks of
         token ids, so a caller may hand those in)."""
-        self.num_hashed = 0  # of self.blocks, how many are registered in the prefix cache
+        self.num_hashed = 0  # of its blocks, how many are registered in the prefix cache (its runs')
         self.preemptions = 0
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
@@ -276,8 +279,7 @@ class EngineCore:
             self.num_waiting -= 1  # stays in its queue, skipped when it reaches the head
         else:
             self.running.remove(seq)
-            self.pool.release(seq.blocks)
-            seq.blocks = []
+            self.pool.release(seq)
         seq.status = FINISHED
         if aborted:
             self.aborted += 1
@@ -304,7 +306,7 @@ class EngineCore:
         """Prompt tokens of ``seq`` this engine's prefix cache holds now (whole blocks)."""
         bs = self.config.block_size
         self._extend_hashes(seq, seq.prompt_len)
-        return len(self.pool.lookup(seq.hashes[: (seq.prompt_len - 1) // bs])) * bs
+        return self.pool.lookup(seq.hashes, (seq.prompt_len - 1) // bs)[1] * bs
 
     @property
     def has_work(self) -> bool:
@@ -380,8 +382,7 @@ class EngineCore:
 
     def _preempt(self, victim: Seq) -> None:
         self.running.remove(victim)
-        self.pool.release(victim.blocks)
-        victim.blocks = []
+        self.pool.release(victim)
         victim.num_hashed = 0
         victim.num_computed = 0
         victim.external_tokens = 0
@@ -428,11 +429,10 @@ class EngineCore:
             else:
                 i += 1
                 continue
-            blocks = seq.blocks
-            if nc + n > len(blocks) * bs:
-                extra = (nc + n + bs - 1) // bs - len(blocks)
-                new = pool.allocate(extra)
-                while new is None:
+            held = seq.num_blocks
+            if nc + n > held * bs:
+                extra = (nc + n + bs - 1) // bs - held
+                while not pool.allocate(extra):
                     victim = self._victim()
                     self._preempt(victim)
                     preempted = True
@@ -440,10 +440,9 @@ class EngineCore:
                         break
                     if running.index(seq) < i:  # a sequence before it left the list
                         i -= 1
-                    new = pool.allocate(extra)
                 if seq.status != RUNNING:
                     continue
-                blocks.extend(new)  # type: ignore[arg-type]
+                seq.num_blocks = held + extra
             items.append((seq, n))
             if register and nc + n >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, (nc + n) // bs)
@@ -480,30 +479,31 @@ class EngineCore:
             if seq is None:
                 break
             total = seq.prompt_len + seq.output_count
-            hits: list[int] = []
+            hits: Hits = []
+            found = 0
             if cfg.prefix_caching:
                 self._extend_hashes(seq, total)
-                hits = pool.lookup(seq.hashes[: (total - 1) // cfg.block_size])
-            cached = local = len(hits) * cfg.block_size
+                hits, found = pool.lookup(seq.hashes, (total - 1) // cfg.block_size)
+            cached = local = found * cfg.block_size
             if seq.external_tokens > cached:
                 cached = seq.external_tokens
             need = total - cached
             n = need if need <= budget else (budget if cfg.chunked_prefill else 0)
             if n <= 0:
                 break
-            pool.claim(hits)
-            new = pool.allocate(self._blocks_for(cached + n) - len(hits))
-            if new is None:
-                pool.release(hits)
+            pool.claim(seq, hits)
+            extra = self._blocks_for(cached + n) - found
+            if not pool.allocate(extra):
+                pool.release(seq)
                 break
+            seq.num_blocks += extra
             self._pop_waiting()
             if cfg.prefix_caching:
                 self.prefix_queries += total
                 self.prefix_hits += local
-            seq.blocks = hits + new
-            seq.num_hashed = len(hits)
+            seq.num_hashed = found
             seq.num_computed = cached
-            if register and cached + n >= (len(hits) + 1) * cfg.block_size:
+            if register and cached + n >= (found + 1) * cfg.block_size:
                 self._register_full(seq, (cached + n) // cfg.block_size)
             if seq.cached_tokens is None:  # the first admission (a preempted one recomputes)
                 seq.cached_tokens = min(cached, seq.prompt_len)
@@ -611,7 +611,7 @@ class EngineCore:
         bs = self.config.block_size
         extra = 0
         for seq, _ in batch.items:
-            need = (seq.num_computed + k + bs - 1) // bs - len(seq.blocks)
+            need = (seq.num_computed + k + bs - 1) // bs - seq.num_blocks
             if need > 0:
                 extra += need
         return extra
@@ -642,11 +642,12 @@ class EngineCore:
             live += 1
             nc = seq.num_computed + m
             seq.num_computed = nc
-            blocks = seq.blocks
-            if nc + ahead > len(blocks) * bs:
-                new = pool.allocate((nc + ahead + bs - 1) // bs - len(blocks))
-                assert new is not None, "leap_length checked the free blocks"
-                blocks.extend(new)
+            held = seq.num_blocks
+            if nc + ahead > held * bs:
+                extra = (nc + ahead + bs - 1) // bs - held
+                ok = pool.allocate(extra)
+                assert ok, "leap_length checked the free blocks"
+                seq.num_blocks = held + extra
             if caching and nc >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, nc // bs)
             last_at = seq.last_token_at
@@ -677,7 +678,7 @@ class EngineCore:
         if len(seq.hashes) < full:
             self._extend_hashes(seq, full * self.config.block_size)
         if self.kv_events is None:
-            self.pool.register_run(seq.blocks, seq.hashes, seq.num_hashed, full)
+            self.pool.register(seq, seq.hashes, seq.num_hashed, full)
         else:
             self._register_publishing(seq, full)
         seq.num_hashed = full
@@ -694,33 +695,29 @@ class EngineCore:
         blocks that became findable (a block whose content another already holds is not
         new to the cache)."""
         pool, bs = self.pool, self.config.block_size
-        hashes, blocks = seq.hashes, seq.blocks
-        assert self.kv_events is not None
+        hashes = seq.hashes
+        events = self.kv_events
+        assert events is not None
         if pool.removed:  # evicted by the allocations before this: published first, in order
-            self.kv_events.append(BlockRemoved(pool.removed, "GPU"))
+            events.append(BlockRemoved(pool.removed, "GPU"))
             pool.removed = []
-        run = -1
-        for b in range(seq.num_hashed, full + 1):
-            new = b < full and pool.register(blocks[b], hashes[b])
-            if new and run < 0:
-                run = b
-            elif not new and run >= 0:
-                self.kv_events.append(
-                    BlockStored(
-                        hashes[run:b],
-                        hashes[run - 1] if run else None,
-                        # a list, as the wire type says (a workload's prompt is an array)
-                        list(self._all_tokens(seq, run * bs, b * bs)),
-                        bs,
-                        medium="GPU",
-                    )
+        stored: list[tuple[int, int]] = []
+        pool.register(seq, hashes, seq.num_hashed, full, stored)
+        for first, stop in stored:
+            events.append(
+                BlockStored(
+                    hashes[first:stop],
+                    hashes[first - 1] if first else None,
+                    # a list, as the wire type says (a workload's prompt is an array)
+                    list(self._all_tokens(seq, first * bs, stop * bs)),
+                    bs,
+                    medium="GPU",
                 )
-                run = -1
+            )
 
     def _finish(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
-        self.pool.release(seq.blocks)
-        seq.blocks = []
+        self.pool.release(seq)
         seq.status = FINISHED
         seq.finished_at = now
         self.completed += 1
