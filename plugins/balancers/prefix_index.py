@@ -11,30 +11,44 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
-from functools import reduce
-from itertools import islice
-from operator import and_
+from collections.abc import Callable, Iterator, Sequence
 
 from shuniu.core.contracts import EndpointView
-from shuniu.core.pools.prefix import depths_of
 
 __all__ = ["AgingPrefixIndex", "PrefixIndex", "loop_time"]
 
 
-class PrefixIndex:
-    """Block hash → endpoints that hold it (a bit per endpoint index), least recent first."""
+class _Run:
+    """Consecutive blocks of one chain with the same endpoints, next to each other in the
+    LRU order (oldest first, which is chain order); a link of that order's list."""
 
-    __slots__ = ("_seen", "_table", "max_blocks", "outbox")
+    __slots__ = ("hashes", "mask", "newer", "older")
+
+    def __init__(self, hashes: list[int], mask: int) -> None:
+        self.hashes = hashes
+        self.mask = mask
+        self.older: _Run = self
+        self.newer: _Run = self
+
+
+class PrefixIndex:
+    """Block hash → endpoints that hold it (a bit per endpoint index), least recent first.
+
+    What it promises is per block (``tests/test_prefix_index_model.py`` checks it against a
+    plain LRU of blocks), but it keeps runs: consecutive blocks of a hash chain with the same
+    endpoints that were recorded together, so recording a prompt whose long prefix is known
+    (a shared system prompt, a conversation's earlier turns) moves a few runs instead of
+    every block, and a match compares each run with the prompt as one slice. A run is split
+    where a prompt parts from it, ends inside it, or changes the endpoints of only part of
+    it. Hashes are those of a chain: each one determines the one before it."""
+
+    __slots__ = ("_lru", "_size", "_where", "max_blocks", "outbox")
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
-        self._table: OrderedDict[int, int] = OrderedDict()
-        self._seen: tuple[Sequence[int], list[int | None]] | None = None
-        """The hashes :meth:`match_sparse` last looked up and their masks, for the
-        :meth:`record` that follows it in a balancer's pick (saves a second look-up of every
-        block); dropped by anything that changes the table."""
+        self._where: dict[int, _Run] = {}  # every hash -> its run
+        self._lru = _Run([], 0)  # the list's ends: .newer is the oldest run, .older the newest
+        self._size = 0
         self.outbox: list[tuple[int, Sequence[int]]] | None = None
         """What was recorded since the fleet's last sync (``None``: no fleet)."""
 
@@ -48,7 +62,21 @@ class PrefixIndex:
         self._record(hashes, 1 << endpoint)
 
     def __len__(self) -> int:
-        return len(self._table)
+        return self._size
+
+    def mask_of(self, h: int) -> int:
+        """The endpoints known to hold block ``h`` (0: none)."""
+        run = self._where.get(h)
+        return run.mask if run is not None else 0
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """Every block and its endpoints, least recent first."""
+        end = self._lru
+        run = end.newer
+        while run is not end:
+            for h in run.hashes:
+                yield h, run.mask
+            run = run.newer
 
     def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
         """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
@@ -58,12 +86,26 @@ class PrefixIndex:
         """Endpoint index → matched leading blocks, for the endpoints in the bit mask
         ``alive`` that match at least one block (cheap for pools with many endpoints, where
         few match; :meth:`match` is the per-endpoint list form)."""
-        table = self._table
-        if not hashes or not table:
-            return {}
-        masks = list(map(table.get, hashes))
-        self._seen = (hashes, masks)
-        return depths_of(masks, alive)
+        depths: dict[int, int] = {}
+        where = self._where
+        n = len(hashes)
+        i = 0
+        while i < n and alive:
+            run = where.get(hashes[i])
+            if run is None:
+                break
+            mask = run.mask
+            gone = alive & ~mask
+            if gone and i:
+                _set_depths(depths, gone, i)
+            alive &= mask
+            rh = run.hashes
+            if rh[0] != hashes[i]:  # entered mid-run (a list that is no chain's start)
+                rh = rh[rh.index(hashes[i]) :]
+            i += _common(rh, hashes, i)
+        if alive and i:
+            _set_depths(depths, alive, i)
+        return depths
 
     def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
         """``endpoint`` now holds these blocks (it was sent the prompt)."""
@@ -74,48 +116,98 @@ class PrefixIndex:
         self._record(hashes, 1 << endpoint.index)
 
     def _record(self, hashes: Sequence[int], bit: int) -> None:
-        table = self._table
-        move = table.move_to_end
-        seen, self._seen = self._seen, None
-        if seen is not None and seen[0] is hashes and len(seen[1]) == len(hashes):
-            masks = seen[1]  # looked up by the match just before (nothing changed since)
-        else:
-            masks = list(map(table.get, hashes))
-        try:
-            known = masks.index(None)
-        except ValueError:
-            known = len(masks)
-        if known and reduce(and_, islice(masks, known)) & bit:
-            # The common case: the prompt starts with a prefix this endpoint was sent before
-            # (a shared system prompt, a conversation's earlier turns), whose every block is
-            # known there already and only becomes the most recent, at C speed; a Python
-            # loop only for the blocks past it. Same order as one loop over them all.
-            deque(map(move, islice(hashes, known)), maxlen=0)
-        else:
-            known = 0
-        for i in range(known, len(masks)):
-            h, mask = hashes[i], masks[i]
-            if mask is None:
-                table[h] = bit
-            else:
-                table[h] = mask | bit
-                move(h)
-        excess = len(table) - self.max_blocks
+        # Block by block this is: each hash gets the bit and becomes the most recent, in
+        # order; then the least recent go while there are more than max_blocks. By runs:
+        # each run the prompt covers moves to the newest end whole (split first where the
+        # prompt leaves it, or where only part of it changes endpoints), and each stretch of
+        # new blocks becomes a run there.
+        where, end = self._where, self._lru
+        n = len(hashes)
+        i = 0
+        while i < n:
+            run = where.get(hashes[i])
+            if run is None:
+                j = i + 1
+                while j < n and hashes[j] not in where:
+                    j += 1
+                new = list(hashes[i:j])
+                last = end.older
+                if i and last.mask == bit:
+                    # The run just moved ends with hashes[i - 1]: the chain goes on in it.
+                    last.hashes += new
+                else:
+                    last = _Run(new, bit)
+                    _link_newest(end, last)
+                for h in new:
+                    where[h] = last
+                self._size += j - i
+                i = j
+                continue
+            rh = run.hashes
+            if rh[0] != hashes[i]:  # entered mid-run (not from a chain's start): part there
+                run = self._split(run, rh.index(hashes[i]))
+                rh = run.hashes
+            m = _common(rh, hashes, i)
+            if m < len(rh):
+                self._split(run, m)  # the rest stays where it is
+            run.mask |= bit
+            if end.older is not run:
+                _unlink(run)
+                _link_newest(end, run)
+            i += m
+        excess = self._size - self.max_blocks
         if excess > 0:
-            pop = table.popitem
-            for _ in range(excess):
-                pop(last=False)
+            self._evict(excess)
+
+    def _split(self, run: _Run, m: int) -> _Run:
+        """Cut ``run`` after its first ``m`` blocks, in place in the LRU order; ``run`` keeps
+        the first part, the second is returned."""
+        rest = _Run(run.hashes[m:], run.mask)
+        del run.hashes[m:]
+        where = self._where
+        for h in rest.hashes:
+            where[h] = rest
+        newer = run.newer
+        rest.older, rest.newer = run, newer
+        run.newer = newer.older = rest
+        return rest
+
+    def _evict(self, k: int) -> None:
+        """Forget the ``k`` least recent blocks."""
+        end, where = self._lru, self._where
+        self._size -= k
+        while k:
+            run = end.newer
+            rh = run.hashes
+            take = min(k, len(rh))
+            for h in rh[:take]:
+                del where[h]
+            if take == len(rh):
+                _unlink(run)
+            else:
+                del rh[:take]
+            k -= take
 
     def drop(self, endpoint: int, h: int) -> None:
         """Endpoint index ``endpoint`` no longer holds block ``h`` (its engine said so)."""
-        self._seen = None
-        mask = self._table.get(h)
-        if mask is not None:
-            mask &= ~(1 << endpoint)
-            if mask:
-                self._table[h] = mask
-            else:
-                del self._table[h]
+        run = self._where.get(h)
+        if run is None or not run.mask >> endpoint & 1:
+            return
+        p = run.hashes.index(h)
+        if p:
+            run = self._split(run, p)
+        if len(run.hashes) > 1:
+            self._split(run, 1)
+        run.mask &= ~(1 << endpoint)
+        if not run.mask:
+            self._remove(run)
+
+    def _remove(self, run: _Run) -> None:
+        where = self._where
+        for h in run.hashes:
+            del where[h]
+        self._size -= len(run.hashes)
+        _unlink(run)
 
     def forget(self, endpoint: EndpointView) -> None:
         """Drop ``endpoint`` from every entry (it restarted and lost its cache). O(table)."""
@@ -123,15 +215,49 @@ class PrefixIndex:
 
     def forget_index(self, index: int) -> None:
         """:meth:`forget` by endpoint index."""
-        self._seen = None
         clear = ~(1 << index)
-        table = self._table
-        for h in list(table):
-            mask = table[h] & clear
-            if mask:
-                table[h] = mask
-            else:
-                del table[h]
+        end = self._lru
+        run = end.newer
+        while run is not end:
+            after = run.newer
+            run.mask &= clear
+            if not run.mask:
+                self._remove(run)
+            run = after
+
+
+def _common(rh: list[int], hashes: Sequence[int], i: int) -> int:
+    """How many leading blocks of run ``rh`` equal ``hashes[i:]`` (its first does): slices
+    compared at C speed, mostly the same int objects, so each costs an identity check."""
+    n = min(len(rh), len(hashes) - i)
+    if (rh if n == len(rh) else rh[:n]) == hashes[i : i + n]:
+        return n
+    lo, hi = 1, n  # rh[:lo] matches, rh[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if rh[:mid] == hashes[i : i + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _set_depths(depths: dict[int, int], bits: int, depth: int) -> None:
+    while bits:
+        bit = bits & -bits
+        bits ^= bit
+        depths[bit.bit_length() - 1] = depth
+
+
+def _unlink(run: _Run) -> None:
+    run.older.newer = run.newer
+    run.newer.older = run.older
+
+
+def _link_newest(end: _Run, run: _Run) -> None:
+    last = end.older
+    run.older, run.newer = last, end
+    last.newer = end.older = run
 
 
 def _per_endpoint(
@@ -207,12 +333,12 @@ class AgingPrefixIndex:
             # The older generation can only go deeper for an endpoint that it holds the
             # block at the newer one's depth for: one look-up per endpoint rules the rest
             # out (in steady traffic, most), instead of matching every block again.
-            get, n, deeper, rest = old._table.get, len(hashes), 0, alive
+            mask_of, n, deeper, rest = old.mask_of, len(hashes), 0, alive
             while rest:
                 bit = rest & -rest
                 rest ^= bit
                 d = depths.get(bit.bit_length() - 1, 0)
-                if d < n and get(hashes[d], 0) & bit:
+                if d < n and mask_of(hashes[d]) & bit:
                     deeper |= bit
             if deeper:
                 for i, d in old.match_sparse(hashes, deeper).items():
