@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PrefixChain", "extend_chain"]
+__all__ = ["PrefixChain", "common_length", "extend_chain"]
 
 
 def extend_chain(chain: list[int], ids: Sequence[int], block: int, stop: int) -> list[int]:
@@ -23,6 +23,24 @@ def extend_chain(chain: list[int], ids: Sequence[int], block: int, stop: int) ->
         h = hash((h, tuple(ids[start : start + block])))
         append(h)
     return chain
+
+
+def common_length(run: list[int], hashes: Sequence[int], i: int, n: int) -> int:
+    """How many leading hashes of ``run`` equal ``hashes[i:]``, at most ``n`` (no more than
+    either has; ``run[0]`` equals ``hashes[i]``): what a prefix cache kept in runs of a chain
+    (the simulated engine's KV pool, the balancers' prefix index) compares. Slices compared
+    at C speed, then halved where they differ; mostly the same int objects (a conversation's
+    chain adopts the engine's), so each element costs an identity check."""
+    if (run if n == len(run) else run[:n]) == hashes[i : i + n]:
+        return n
+    lo, hi = 1, n  # run[:lo] matches, run[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run[:mid] == hashes[i : i + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class PrefixChain:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shuniu.core.blockhash import PrefixChain, extend_chain
+from shuniu.core.blockhash import PrefixChain, common_length, extend_chain
 from shuniu.core.pools.prefix import match_depths
 from shuniu.core.traffic import load_workload
 from shuniu.core.traffic.synthetic import synthetic_ids
@@ -115,6 +115,20 @@ def test_match_depths_agrees_with_counting_block_by_block() -> None:
                 table[h] = rng.choice([0b1111, 0b1111, 0b0111, 0b0101, 0b1000, 0b0001])
         alive = rng.randrange(1, 16)
         assert match_depths(table, hashes, alive) == _depths(table, hashes, alive)
+
+
+def test_common_length_counts_the_equal_leading_hashes() -> None:
+    rng = random.Random(5)
+    for _ in range(500):
+        run = [rng.randrange(4) for _ in range(rng.randint(1, 40))]
+        hashes = [rng.randrange(4) for _ in range(rng.randint(0, 10))] + run[: rng.randint(1, len(run))]
+        hashes += [rng.randrange(4) for _ in range(rng.randint(0, 40))]
+        i = hashes.index(run[0])
+        n = min(len(run), len(hashes) - i, rng.randint(1, 50))
+        naive = 0
+        while naive < n and run[naive] == hashes[i + naive]:
+            naive += 1
+        assert common_length(run, hashes, i, n) == naive
 
 
 def test_recording_a_known_prefix_again_makes_it_the_most_recent() -> None:

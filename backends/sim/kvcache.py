@@ -28,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
+from shuniu.core.blockhash import common_length
+
 __all__ = ["BlockPool", "Holder", "Run"]
 
 
@@ -115,20 +117,7 @@ class BlockPool:
             if run is None:
                 break
             rh = run.hashes
-            n = len(rh)
-            if n > limit - i:
-                n = limit - i
-            # Slices compared at C speed; mostly the same int objects (a conversation's
-            # chain adopts the engine's), so each element costs an identity check.
-            if (rh if n == len(rh) else rh[:n]) != hashes[i : i + n]:
-                lo, hi = 1, n  # rh[:lo] matches (its head did), rh[:hi] does not
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if rh[:mid] == hashes[i : i + mid]:
-                        lo = mid
-                    else:
-                        hi = mid
-                n = lo
+            n = common_length(rh, hashes, i, min(len(rh), limit - i))
             hits.append((run, n))
             i += n  # the next block, if cached, starts a run: no two runs hold one hash
         return hits, i

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from shuniu.core.blockhash import common_length
 from shuniu.core.contracts import EndpointView
 
 __all__ = ["AgingPrefixIndex", "PrefixIndex", "loop_time"]
@@ -102,7 +103,7 @@ class PrefixIndex:
             rh = run.hashes
             if rh[0] != hashes[i]:  # entered mid-run (a list that is no chain's start)
                 rh = rh[rh.index(hashes[i]) :]
-            i += _common(rh, hashes, i)
+            i += common_length(rh, hashes, i, min(len(rh), n - i))
         if alive and i:
             _set_depths(depths, alive, i)
         return depths
@@ -147,7 +148,7 @@ class PrefixIndex:
             if rh[0] != hashes[i]:  # entered mid-run (not from a chain's start): part there
                 run = self._split(run, rh.index(hashes[i]))
                 rh = run.hashes
-            m = _common(rh, hashes, i)
+            m = common_length(rh, hashes, i, min(len(rh), n - i))
             if m < len(rh):
                 self._split(run, m)  # the rest stays where it is
             run.mask |= bit
@@ -224,22 +225,6 @@ class PrefixIndex:
             if not run.mask:
                 self._remove(run)
             run = after
-
-
-def _common(rh: list[int], hashes: Sequence[int], i: int) -> int:
-    """How many leading blocks of run ``rh`` equal ``hashes[i:]`` (its first does): slices
-    compared at C speed, mostly the same int objects, so each costs an identity check."""
-    n = min(len(rh), len(hashes) - i)
-    if (rh if n == len(rh) else rh[:n]) == hashes[i : i + n]:
-        return n
-    lo, hi = 1, n  # rh[:lo] matches, rh[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if rh[:mid] == hashes[i : i + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _set_depths(depths: dict[int, int], bits: int, depth: int) -> None:
