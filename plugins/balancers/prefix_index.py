@@ -128,10 +128,14 @@ class PrefixIndex:
         while i < n:
             run = where.get(hashes[i])
             if run is None:
-                j = i + 1
-                while j < n and hashes[j] not in where:
-                    j += 1
-                new = list(hashes[i:j])
+                new = list(hashes[i:])
+                if where.keys().isdisjoint(new):  # the usual: the rest of the prompt is new
+                    j = n
+                else:
+                    j = i + 1
+                    while hashes[j] not in where:
+                        j += 1
+                    del new[j - i :]
                 last = end.older
                 if i and last.mask == bit:
                     # The run just moved ends with hashes[i - 1]: the chain goes on in it.
@@ -139,8 +143,7 @@ class PrefixIndex:
                 else:
                     last = _Run(new, bit)
                     _link_newest(end, last)
-                for h in new:
-                    where[h] = last
+                where.update(dict.fromkeys(new, last))
                 self._size += j - i
                 i = j
                 continue
@@ -165,9 +168,7 @@ class PrefixIndex:
         the first part, the second is returned."""
         rest = _Run(run.hashes[m:], run.mask)
         del run.hashes[m:]
-        where = self._where
-        for h in rest.hashes:
-            where[h] = rest
+        self._where.update(dict.fromkeys(rest.hashes, rest))
         newer = run.newer
         rest.older, rest.newer = run, newer
         run.newer = newer.older = rest
