@@ -269,6 +269,7 @@ def test_chat_shares_system_prompts_and_grows_history() -> None:
         assert len(turns) <= 8
         for earlier, later in itertools.pairwise(turns):
             answer = synthetic_ids(earlier.output_seed, earlier.output_tokens)
+            assert list(earlier.answer or ()) == answer  # handed to the engine, not made again
             head = [*earlier.prompt, *answer]
             assert list(later.prompt[: len(head)]) == head  # a prefix cache hits on the whole history
             assert len(later.prompt) > len(head)

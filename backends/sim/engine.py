@@ -159,7 +159,9 @@ class Seq:
         split): admitted as computed, in blocks of their own, without counting as prefix-cache
         hits; lost on a preemption (recomputed, as vLLM does)."""
         self.output_count = 0
-        self.output_ids: list[int] | None = None  # generated lazily, only to hash output blocks
+        self.output_ids: Sequence[int] | None = None
+        """The answer's token ids, generated whole when first needed (only to hash its
+        blocks), unless the caller had them (``shuniu simulate``: a workload's answer)."""
         self.runs: list[Run] = []
         """The cached runs of KV blocks it uses (:mod:`~shuniu.backends.sim.kvcache`)."""
         self.num_blocks = 0  # KV blocks it holds: its runs' and those not full yet

@@ -212,10 +212,14 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             # earlier turns are ever read (their hashes are kept per conversation).
             prompt: Sequence[int] = conv.tokens + user_ids
             if conv.turn + 1 < conv.turns:  # the next turn's history: this prompt and its answer
+                answer = synthetic_array(output_seed, n_out)
                 conv.tokens += user_ids
-                conv.tokens += synthetic_array(output_seed, n_out)
+                conv.tokens += answer
+            else:
+                answer = None
         else:
             prompt = []
+            answer = None
         tenant, tier, priority = people[bisect_right(bounds, user)] if len(people) > 1 else people[0]
         yield SimRequest(
             at,
@@ -236,6 +240,7 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
             conv.turn,
             f"chat:{name}/c{conv.index}" if prompts else None,
             n_prompt,
+            answer,
         )
         conv.turn += 1
         if conv.turn < conv.turns:

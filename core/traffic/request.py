@@ -50,6 +50,10 @@ class SimRequest(msgspec.Struct, gc=False):
     group, ``group:`` and a trace's prefix group; ``None`` without generated prompts."""
     chain_tokens: int = 0
     """How many leading prompt tokens this request shares with the others of ``chain_key``."""
+    answer: Sequence[int] | None = None
+    """The answer's ids, ``synthetic_ids(output_seed, output_tokens)``, when the generator made
+    them already (a conversation's next turn replays them): a simulated engine takes these
+    instead of generating them again."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0:

@@ -178,6 +178,7 @@ async def _run(
             arrival=admitted,
         )
         seq.on_first = functools.partial(pool.first_output, ticket)
+        seq.output_ids = spec.answer  # the engine's own ids, as the workload generated them
         hashes = req.prefix_hashes
         shared_chain = hashes is not None and req.prefix_block == backend.engine.core.config.block_size
         if shared_chain:
