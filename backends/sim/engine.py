@@ -41,6 +41,9 @@ __all__ = ["CostFunction", "EngineConfig", "EngineCore", "Seq", "SimEngine"]
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
 
+LEAP_CHUNK = 16
+"""Decode iterations of a leap timed at a time (most leaps are cut after a few)."""
+
 
 class CostFunction(Protocol):
     def step_time(
@@ -866,7 +869,7 @@ class SimEngine:
         if leap is None:
             return
         now = asyncio.get_running_loop().time()
-        done = bisect.bisect_right(leap.ends, now, leap.done, leap.steps)
+        done = bisect.bisect_right(leap.ends, now, leap.done, len(leap.ends))
         if done > leap.done:
             self.core.advance(leap.batch, leap.ends, leap.done, done, leap.steps)
             leap.done = done
@@ -882,50 +885,71 @@ class SimEngine:
             keep = leap.done + 1
         else:
             now = asyncio.get_running_loop().time()
-            keep = bisect.bisect_right(leap.ends, now, leap.done, leap.steps) + 1
+            keep = bisect.bisect_right(leap.ends, now, leap.done, len(leap.ends)) + 1
         if leap.steps > keep:
+            ends = leap.ends
+            if len(ends) < keep:  # the iteration in progress starts a chunk not timed yet
+                self._time_leap(leap, keep)
+            computed = len(ends)
             if leap.factors:
-                self._jitter.extendleft(reversed(leap.factors[keep : leap.steps]))
-            self.busy_time -= leap.ends[leap.steps - 1] - leap.ends[keep - 1]
+                self._jitter.extendleft(reversed(leap.factors[keep:computed]))
+                del leap.factors[keep:]
+            self.busy_time -= ends[computed - 1] - ends[keep - 1]
+            del ends[keep:]
             leap.steps = keep
             wake = leap.wake
             if wake is not None and not wake.done():
                 wake.set_result(True)  # re-arm the timer on the new end
 
-    async def _run_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
-        """Run ``k`` decode iterations of ``batch`` as one timer (the first takes ``dt``)."""
-        loop = asyncio.get_running_loop()
+    def _time_leap(self, leap: _Leap, upto: int) -> None:
+        """Time the leap's iterations up to ``upto`` (exclusive; its first is timed): each
+        one's duration (and jitter draw) is worked out only when the leap reaches its
+        chunk, since most leaps are cut long before their planned end."""
+        ends = leap.ends
+        t = ends[-1]
+        start = t
         cost = self.cost
         sigma = self.jitter_sigma
-        leap = _Leap(batch)
-        ends = leap.ends
-        t = loop.time() + dt
-        ends.append(t)
-        if sigma:
-            leap.factors.append(factor)
+        batch = leap.batch
         seqs, kv = batch.decode_seqs, batch.decode_kv_tokens
-        for i in range(1, k):
+        factors = leap.factors
+        for i in range(len(ends), upto):
             step = cost.step_time(0, 0.0, seqs, kv + i * seqs, 0)
             if sigma:
                 f = self._draw()
-                leap.factors.append(f)
+                factors.append(f)
                 step *= f
             t += step
             ends.append(t)
+        self.busy_time += t - start
+
+    async def _run_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
+        """Run ``k`` decode iterations of ``batch`` as one timer per :data:`LEAP_CHUNK` of
+        them (the first takes ``dt``)."""
+        loop = asyncio.get_running_loop()
+        leap = _Leap(batch)
+        ends = leap.ends
+        ends.append(loop.time() + dt)
+        if self.jitter_sigma:
+            leap.factors.append(factor)
+        self.busy_time += dt
         leap.steps = k
-        self.busy_time += t - ends[0] + dt
+        self._time_leap(leap, min(k, LEAP_CHUNK))
         self._leap = leap
         try:
             while True:
                 self.timers += 1
                 wake = leap.wake = loop.create_future()
-                timer = loop.call_at(ends[leap.steps - 1], _resolve, wake)
+                timer = loop.call_at(ends[-1], _resolve, wake)
                 try:
                     cut = await wake
                 finally:
                     timer.cancel()
-                if not cut:
+                if cut:
+                    continue
+                if len(ends) == leap.steps:
                     break
+                self._time_leap(leap, min(leap.steps, len(ends) + LEAP_CHUNK))
         finally:
             self._leap = None
         if leap.done < leap.steps:
