@@ -137,8 +137,11 @@ class PrefixIndex:
                         j += 1
                     del new[j - i :]
                 last = end.older
-                if i and last.mask == bit:
-                    # The run just moved ends with hashes[i - 1]: the chain goes on in it.
+                if i and last.mask == bit and last.hashes[0] != hashes[0]:
+                    # The run just moved ends with hashes[i - 1]: the chain goes on in it
+                    # (a conversation's next turn), unless it starts the chain: that is
+                    # mostly a shared system prompt, which the next prompt would part from
+                    # where this one's own blocks begin.
                     last.hashes += new
                 else:
                     last = _Run(new, bit)
