@@ -181,6 +181,13 @@ class BlockPool:
                 n -= k
                 if run.findable:
                     del self._heads[rh[0]]
+            elif n == 1:  # the usual: a decode's next block
+                h = rh.pop()
+                if run.findable:
+                    self._findable.discard(h)
+                    if removed is not None:
+                        removed.append(h)
+                return
             else:
                 gone = rh[k - n :]
                 del rh[k - n :]
