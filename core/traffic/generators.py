@@ -49,12 +49,21 @@ class _SystemPrompts:
         self.seeds = [rng.getrandbits(64) for _ in range(self.count)]
         self.names = [f"{stream}/system-{k}" for k in range(self.count)]
         self._ids: dict[int, list[int]] = {}
+        self._arrays: dict[int, array] = {}
 
     def ids(self, k: int) -> list[int]:
         found = self._ids.get(k)
         if found is None:
             found = self._ids[k] = synthetic_ids(self.seeds[k], self.lengths[k])
         return found
+
+    def array(self, k: int) -> array:
+        """:meth:`ids` as a compact ``array('H')``, a fresh copy to extend (a conversation
+        starts with it)."""
+        found = self._arrays.get(k)
+        if found is None:
+            found = self._arrays[k] = synthetic_array(self.seeds[k], self.lengths[k])
+        return found[:]
 
 
 def _people(s: StreamBase, tenants: list[TenantShare]) -> list[tuple[str, str, int]]:
@@ -205,7 +214,7 @@ def _chat(s: ChatStream, name: str, seed: int, end: float, prompts: bool) -> Ite
         output_seed = rng.getrandbits(64)
         if prompts:
             if conv.tokens is None:
-                conv.tokens = array("H", system.ids(k)) if k >= 0 else array("H")
+                conv.tokens = system.array(k) if k >= 0 else array("H")
             user_ids = synthetic_array(user_seed, n_user)
             # A compact array, not a list: a long history as Python ints cost more than the
             # rest of generating the request, and only the blocks past the conversation's
