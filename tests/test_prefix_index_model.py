@@ -5,6 +5,7 @@ and a match must answer each endpoint's depth as the model counts it."""
 
 from __future__ import annotations
 
+import gc
 import random
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -134,3 +135,39 @@ def test_aging_index_agrees_with_two_models(seed: int, monkeypatch: pytest.Monke
             index.drop(e, h)
             new.drop(e, h)
             old.drop(e, h)
+
+
+def test_a_dropped_generation_is_freed_without_the_cycle_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs are linked both ways; an aging index cuts the links of the generation it
+    drops, so reference counting frees it at once (not the collector's next full pass)."""
+    now = [0.0]
+    monkeypatch.setattr(prefix_index, "loop_time", lambda: now[0])
+
+    def live_runs() -> int:  # every run in memory (not the lists' ends, which hold no blocks)
+        return sum(1 for o in gc.get_objects() if type(o) is prefix_index._Run and o.hashes)
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = live_runs()
+        index = prefix_index.AgingPrefixIndex(10_000, 10.0)
+        rng = random.Random(1)
+        roots: list[list[int]] = [[rng.getrandbits(40) for _ in range(20)] for _ in range(3)]
+        for e in range(40):
+            index.record(_prompt(rng, roots), SimpleNamespace(index=e % 4))  # type: ignore[arg-type]
+        assert live_runs() - before == len(_runs(index.new)) > 10
+        for _ in range(2):  # that generation becomes the old one, then is dropped
+            now[0] += 11.0
+            index.record(_prompt(rng, roots), SimpleNamespace(index=0))  # type: ignore[arg-type]
+        assert live_runs() - before == len(_runs(index.new)) + len(_runs(index.old))
+    finally:
+        gc.enable()
+
+
+def _runs(index: PrefixIndex) -> list[object]:
+    end = index._lru
+    out, run = [], end.newer
+    while run is not end:
+        out.append(run)
+        run = run.newer
+    return out

@@ -218,6 +218,20 @@ class PrefixIndex:
         """Drop ``endpoint`` from every entry (it restarted and lost its cache). O(table)."""
         self.forget_index(endpoint.index)
 
+    def clear(self) -> None:
+        """Forget everything. The LRU list's links are cut run by run: linked both ways, the
+        runs would otherwise be freed only by the cycle collector's next full pass (and an
+        aging index drops a whole generation every ``memory_s``)."""
+        end = self._lru
+        run = end.newer
+        while run is not end:
+            after = run.newer
+            run.older = run.newer = end
+            run = after
+        end.older = end.newer = end
+        self._where.clear()
+        self._size = 0
+
     def forget_index(self, index: int) -> None:
         """:meth:`forget` by endpoint index."""
         clear = ~(1 << index)
@@ -292,6 +306,7 @@ class AgingPrefixIndex:
         if now - self._born > self.memory_s:
             fresh = PrefixIndex(self.max_blocks)
             fresh.outbox, self.new.outbox = self.new.outbox, None
+            self.old.clear()
             self.old, self.new = self.new, fresh
             self._born = now
         return self.new
