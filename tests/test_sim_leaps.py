@@ -134,5 +134,8 @@ def test_leaps_change_nothing_but_the_events(case: str) -> None:
     assert leapt_timers < iterations * (0.9 if case == "heavy-kv-pressure" else 0.5)
     for key in COMPARED:
         assert leapt[key] == pytest.approx(stepped[key], rel=1e-9, abs=1e-12), key
+    for name, endpoint in stepped["per_endpoint"].items():  # busy time: a leap's, cuts taken off
+        busy = leapt["per_endpoint"][name]["busy_share"]
+        assert busy == pytest.approx(endpoint["busy_share"], rel=1e-9), name
     if "kv-pressure" in case:
         assert stepped["preemptions"] > 0
