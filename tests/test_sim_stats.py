@@ -26,3 +26,17 @@ def test_add_gaps_is_add_of_each_gap(seed: int) -> None:
     state = (batch._counts, batch.count, batch.total, batch.max)
     assert state == (one._counts, one.count, one.total, one.max)
     assert batch.quantile(0.99) == one.quantile(0.99)
+
+
+def test_add_each_is_add_to_each_histogram() -> None:
+    rng = random.Random(7)
+    ones = [LogHistogram() for _ in range(3)]
+    each = [LogHistogram() for _ in range(3)]
+    for _ in range(300):
+        value = rng.choice([0.0, 1e-9, rng.uniform(1e-4, 3.0)])
+        k = rng.randint(1, 3)
+        for h in ones[:k]:
+            h.add(value)
+        LogHistogram.add_each(each[:k], value)
+    for a, b in zip(ones, each, strict=True):
+        assert (a._counts, a.count, a.total, a.max) == (b._counts, b.count, b.total, b.max)

@@ -33,6 +33,18 @@ class LogHistogram:
         if value > self.max:
             self.max = value
 
+    @staticmethod
+    def add_each(hists: Sequence[LogHistogram], value: float) -> None:
+        """``h.add(value)`` for each histogram ``h``, the bucket worked out once."""
+        idx = int(math.log(value / _MIN) / _LOG_GROWTH) if value > _MIN else 0
+        for h in hists:
+            counts = h._counts
+            counts[idx] = counts.get(idx, 0) + 1
+            h.count += 1
+            h.total += value
+            if value > h.max:
+                h.max = value
+
     def add_gaps(self, times: Sequence[float], start: int, stop: int, n: int = 1) -> None:
         """``add(times[i] - times[i - 1], n)`` for each ``i`` from ``start`` to ``stop - 1``,
         in that order (the same buckets and sums), in one call: an engine's decode leap

@@ -205,21 +205,16 @@ async def _run(
             pool.demand.finished(end, seq.output_count)
         first = seq.first_token_at if seq.first_token_at is not None else end
         ttft = first - now
-        result.ttft.add(ttft)
-        result.e2e.add(end - now)
         hists = result.endpoint_latency.get(ticket.endpoint.name)
         if hists is None:
             hists = result.endpoint_latency[ticket.endpoint.name] = (LogHistogram(), LogHistogram())
-        hists[0].add(ttft)
-        hists[1].add(end - now)
-        result.requests_completed += 1
-        tier.ttft.add(ttft)
-        tier.e2e.add(end - now)
-        tier.completed += 1
         who = result.tenant(spec.tenant)
+        LogHistogram.add_each((result.ttft, hists[0], tier.ttft, who.ttft), ttft)
+        LogHistogram.add_each((result.e2e, hists[1], tier.e2e), end - now)
+        result.requests_completed += 1
+        tier.completed += 1
         who.completed += 1
         who.tokens += len(spec.prompt) + seq.output_count
-        who.ttft.add(ttft)
         # A request's inter-token latency is its mean gap (time per output token).
         tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
         result.record_window(now, ttft, tpot)
