@@ -1,6 +1,6 @@
 """Per-request cost of every balancer and scheduler, at 4 and at 64 endpoints.
 
-    python benchmarks/policy_cost.py [--picks N] [--json OUT]
+    python benchmarks/policy_cost.py [--picks N] [--json OUT] [--system-chars N] [--user-chars N]
 
 Balancers: ``pick`` on a pool whose endpoints carry realistic state (in-flight requests
 and tokens, an engine load snapshot), for fresh requests with ~2,000-character prompts
@@ -53,12 +53,12 @@ BALANCERS: dict[str, Any] = {
 }
 
 
-def _requests(n: int, seed: int) -> list[InferenceRequest]:
+def _requests(n: int, seed: int, system_chars: int = 1500, user_chars: int = 500) -> list[InferenceRequest]:
     rng = random.Random(seed)
-    systems = ["".join(rng.choices("abcdefghij ", k=1500)) for _ in range(64)]
+    systems = ["".join(rng.choices("abcdefghij ", k=system_chars)) for _ in range(64)]
     out = []
     for i in range(n):
-        prompt = systems[i % 64] + "".join(rng.choices("klmnopqrst ", k=500))
+        prompt = systems[i % 64] + "".join(rng.choices("klmnopqrst ", k=user_chars))
         out.append(
             InferenceRequest(
                 id=str(i),
@@ -129,8 +129,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--picks", type=int, default=20_000, help="Requests per measurement.")
     ap.add_argument("--json", type=Path, help="Write the numbers here too.")
+    ap.add_argument("--system-chars", type=int, default=1500, help="Length of each of the 64 system prompts.")
+    ap.add_argument("--user-chars", type=int, default=500, help="Length of each request's own part.")
     args = ap.parse_args()
-    reqs = _requests(args.picks, seed=7)
+    reqs = _requests(args.picks, seed=7, system_chars=args.system_chars, user_chars=args.user_chars)
     console = Console()
     results: dict[str, Any] = {"balancers": {}, "schedulers": {}}
     table = Table(title="balancer cost per request (pick + release), µs")
