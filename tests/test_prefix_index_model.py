@@ -165,9 +165,4 @@ def test_a_dropped_generation_is_freed_without_the_cycle_collector(monkeypatch: 
 
 
 def _runs(index: PrefixIndex) -> list[object]:
-    end = index._lru
-    out, run = [], end.newer
-    while run is not end:
-        out.append(run)
-        run = run.newer
-    return out
+    return list(index._runs())

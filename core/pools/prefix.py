@@ -16,7 +16,7 @@ from zlib import adler32, crc32
 from shuniu.core.blockhash import extend_chain
 from shuniu.core.types import InferenceRequest
 
-__all__ = ["depths_of", "match_depths", "prefix_hashes"]
+__all__ = ["depths_of", "match_depths", "prefix_hashes", "set_depths"]
 
 
 def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) -> list[int]:
@@ -84,19 +84,20 @@ def depths_of(masks: Sequence[int | None], alive: int) -> dict[int, int]:
                 break
             still = alive & mask  # type: ignore[operator]
             if still != alive:
-                gone = alive & ~still
                 if depth:
-                    while gone:
-                        bit = gone & -gone
-                        depth_of[bit.bit_length() - 1] = depth
-                        gone ^= bit
+                    set_depths(depth_of, alive & ~still, depth)
                 alive = still
                 if not alive:
                     break
             depth += len(list(run))
     if depth:
-        while alive:
-            bit = alive & -alive
-            depth_of[bit.bit_length() - 1] = depth
-            alive ^= bit
+        set_depths(depth_of, alive, depth)
     return depth_of
+
+
+def set_depths(depth_of: dict[int, int], endpoints: int, depth: int) -> None:
+    """``depth_of[e] = depth`` for each endpoint index ``e`` in the bit mask ``endpoints``."""
+    while endpoints:
+        bit = endpoints & -endpoints
+        endpoints ^= bit
+        depth_of[bit.bit_length() - 1] = depth

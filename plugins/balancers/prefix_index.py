@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from shuniu.core.blockhash import common_length
 from shuniu.core.contracts import EndpointView
+from shuniu.core.pools.prefix import set_depths
 
 __all__ = ["AgingPrefixIndex", "PrefixIndex", "loop_time"]
 
@@ -72,12 +73,18 @@ class PrefixIndex:
 
     def items(self) -> Iterator[tuple[int, int]]:
         """Every block and its endpoints, least recent first."""
+        for run in self._runs():
+            for h in run.hashes:
+                yield h, run.mask
+
+    def _runs(self) -> Iterator[_Run]:
+        """The runs, least recent first; the one yielded may be unlinked meanwhile."""
         end = self._lru
         run = end.newer
         while run is not end:
-            for h in run.hashes:
-                yield h, run.mask
-            run = run.newer
+            after = run.newer
+            yield run
+            run = after
 
     def match(self, hashes: Sequence[int], endpoints: Sequence[EndpointView]) -> list[int]:
         """For each endpoint, how many leading blocks of ``hashes`` it is known to hold."""
@@ -98,14 +105,14 @@ class PrefixIndex:
             mask = run.mask
             gone = alive & ~mask
             if gone and i:
-                _set_depths(depths, gone, i)
+                set_depths(depths, gone, i)
             alive &= mask
             rh = run.hashes
             if rh[0] != hashes[i]:  # entered mid-run (a list that is no chain's start)
                 rh = rh[rh.index(hashes[i]) :]
             i += common_length(rh, hashes, i, min(len(rh), n - i))
         if alive and i:
-            _set_depths(depths, alive, i)
+            set_depths(depths, alive, i)
         return depths
 
     def record(self, hashes: Sequence[int], endpoint: EndpointView) -> None:
@@ -223,11 +230,8 @@ class PrefixIndex:
         runs would otherwise be freed only by the cycle collector's next full pass (and an
         aging index drops a whole generation every ``memory_s``)."""
         end = self._lru
-        run = end.newer
-        while run is not end:
-            after = run.newer
+        for run in self._runs():
             run.older = run.newer = end
-            run = after
         end.older = end.newer = end
         self._where.clear()
         self._size = 0
@@ -235,21 +239,10 @@ class PrefixIndex:
     def forget_index(self, index: int) -> None:
         """:meth:`forget` by endpoint index."""
         clear = ~(1 << index)
-        end = self._lru
-        run = end.newer
-        while run is not end:
-            after = run.newer
+        for run in self._runs():
             run.mask &= clear
             if not run.mask:
                 self._remove(run)
-            run = after
-
-
-def _set_depths(depths: dict[int, int], bits: int, depth: int) -> None:
-    while bits:
-        bit = bits & -bits
-        bits ^= bit
-        depths[bit.bit_length() - 1] = depth
 
 
 def _unlink(run: _Run) -> None:
