@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import random
+from typing import Any
 
 import pytest
 
 from shuniu.plugins.tools.simulate import run_virtual
+from shuniu.plugins.tools.simulate.vclock import VirtualClockLoop
 
 
 def test_sleeps_cost_no_wall_time_and_keep_order() -> None:
@@ -74,3 +78,110 @@ def test_a_day_passes_without_waiting_for_it() -> None:
         return asyncio.get_running_loop().time()
 
     assert run_virtual(main()) == 86400
+
+
+def test_a_timer_set_for_next_week_is_reached() -> None:
+    # The clock jumps at most a day per turn, as asyncio's select waits at most that long.
+    async def main() -> float:
+        await asyncio.sleep(7 * 86400 + 0.25)
+        return asyncio.get_running_loop().time()
+
+    assert run_virtual(main()) == pytest.approx(7 * 86400 + 0.25)
+
+
+def test_a_failing_callback_is_reported_and_the_loop_goes_on() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+        loop.call_soon(lambda: 1 / 0)
+        loop.call_later(1.0, lambda: [][0])
+        await asyncio.sleep(2)
+        return "went on"
+
+    assert run_virtual(main()) == "went on"
+    assert [type(c["exception"]) for c in seen] == [ZeroDivisionError, IndexError]
+
+
+class _TieTimer(asyncio.TimerHandle):
+    """The tie-ordered timer as asyncio's own heap would hold it (compared in Python)."""
+
+    __slots__ = ("_order",)
+
+    def __init__(self, order: int, *args: Any) -> None:
+        super().__init__(*args)
+        self._order = order
+
+    def __lt__(self, other: Any) -> bool:
+        if self._when == other._when:
+            return self._order < other._order
+        return self._when < other._when
+
+
+class _StockTurnLoop(VirtualClockLoop):
+    """The reference: asyncio's own loop turn and call_soon, the same clock and tie order."""
+
+    _run_once = asyncio.BaseEventLoop._run_once  # type: ignore[assignment]
+    call_soon = asyncio.BaseEventLoop.call_soon  # type: ignore[assignment]
+
+    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+        timer = _TieTimer(next(self._order), when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
+
+def _program(loop: asyncio.AbstractEventLoop, seed: int) -> list[tuple[float, str]]:
+    """A random mix of tasks, sleeps (ties and zero included), callbacks, timers cancelled
+    in bulk and one by one, and futures resolved across tasks; the log of what ran when."""
+    rng = random.Random(seed)
+    log: list[tuple[float, str]] = []
+
+    async def worker(name: str, inbox: asyncio.Future[int], outbox: asyncio.Future[int]) -> None:
+        for step in range(40):
+            op = rng.random()
+            if op < 0.35:
+                await asyncio.sleep(rng.choice((0, 0.001, 0.25, 0.25, 1 / 3, 2.0)))
+            elif op < 0.5:
+                loop.call_soon(log.append, (loop.time(), f"{name} soon {step}"))
+            elif op < 0.7:
+                timers = [
+                    loop.call_later(
+                        rng.choice((0.5, 0.5, 1.0, 7.0)), log.append, (-1.0, f"{name} timer {step}.{i}")
+                    )
+                    for i in range(rng.choice((1, 3, 150)))
+                ]
+                for timer in timers:
+                    if rng.random() < 0.8:
+                        timer.cancel()
+            elif op < 0.8 and not outbox.done():
+                outbox.set_result(step)
+            elif op < 0.9 and inbox.done():
+                log.append((loop.time(), f"{name} got {inbox.result()}"))
+            else:
+                await asyncio.sleep(0)
+            log.append((loop.time(), f"{name} {step}"))
+
+    async def main() -> None:
+        futures = [loop.create_future() for _ in range(6)]
+        await asyncio.gather(*(worker(f"w{i}", futures[i - 1], futures[i]) for i in range(6)))
+        await asyncio.sleep(10)
+
+    loop.run_until_complete(main())
+    return log
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_loop_turn_runs_what_asyncios_own_turn_runs_in_the_same_order(seed: int) -> None:
+    logs = []
+    for cls in (VirtualClockLoop, _StockTurnLoop):
+        loop = cls()
+        asyncio.set_event_loop(loop)
+        try:
+            logs.append(_program(loop, seed))
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    assert len(logs[0]) > 200
+    assert logs[0] == logs[1]

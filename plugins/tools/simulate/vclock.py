@@ -9,6 +9,7 @@ scheduler and balancer against simulated engines. No real I/O may happen on this
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import selectors
@@ -58,19 +59,41 @@ class _NoWaitSelector(selectors.BaseSelector):
         return fileobj if isinstance(fileobj, int) else fileobj.fileno()
 
 
+_MAX_JUMP = 24 * 3600.0  # as asyncio's longest select timeout: a far timer is reached in steps
+
+
+class _Call(asyncio.Handle):
+    """A callback ready to run: asyncio's handle, set up without its debug checks (a
+    simulation is not debugged through its loop; one is made per callback)."""
+
+    __slots__ = ()
+
+    def __init__(self, callback: Any, args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
 class _Timer(asyncio.TimerHandle):
-    """A timer that, due at the same time as another, runs after those set before it."""
+    """A timer, set up as :class:`_Call`; the loop's heap holds it as ``(when, order, timer)``,
+    so that timers due at the same time run in the order they were set."""
 
-    __slots__ = ("_order",)
+    __slots__ = ()
 
-    def __init__(self, order: int, *args: Any) -> None:
-        super().__init__(*args)
-        self._order = order
-
-    def __lt__(self, other: Any) -> bool:
-        if self._when == other._when and isinstance(other, _Timer):
-            return self._order < other._order
-        return self._when < other._when
+    def __init__(self, when: float, callback: Any, args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = True
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):
@@ -97,11 +120,70 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         # the loop), with a timer that keeps ties in order.
         if when is None:
             raise TypeError("when cannot be None")
-        self._check_closed()
-        timer = _Timer(next(self._order), when, callback, args, self, context)
-        heapq.heappush(self._scheduled, timer)
-        timer._scheduled = True
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _Timer(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, (when, next(self._order), timer))  # type: ignore[arg-type]
         return timer
+
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        # As asyncio's own call_soon, without its debug checks (the loop runs one per callback).
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _Call(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def _run_once(self) -> None:
+        """One turn of the loop, as asyncio's: run what is ready, else jump the clock to the
+        first timer; then every timer due by now becomes ready, and the callbacks ready at
+        that moment run (those they schedule wait for the next turn). The timers are
+        ``(when, order, timer)`` tuples, compared without a call into Python."""
+        scheduled: list[tuple[float, int, asyncio.TimerHandle]] = self._scheduled  # type: ignore[assignment]
+        ready = self._ready
+        # Cancelled timers leave the heap as asyncio's loop drops them: all at once when
+        # they are most of it, else as they reach its top.
+        if len(scheduled) > 100 and self._timer_cancelled_count * 2 > len(scheduled):
+            live = []
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
+                else:
+                    live.append(entry)
+            heapq.heapify(live)
+            scheduled[:] = live
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][2]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False
+        if not ready and not self._stopping:
+            if not scheduled:
+                raise RuntimeError(
+                    "virtual-time loop: every task is waiting and no timer is pending (deadlock)"
+                )
+            jump = scheduled[0][0] - self._now
+            if jump > 0:
+                self._now += jump if jump < _MAX_JUMP else _MAX_JUMP
+        end = self._now + self._clock_resolution
+        while scheduled and scheduled[0][0] < end:
+            timer = heapq.heappop(scheduled)[2]
+            timer._scheduled = False
+            ready.append(timer)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if handle._cancelled:
+                continue
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self.call_exception_handler(
+                    {"message": f"Exception in callback {handle!r}", "exception": exc, "handle": handle}
+                )
+        handle = None  # break a cycle if a callback raised
 
 
 def run_virtual(main: Coroutine[Any, Any, T], start: float = 0.0) -> T:
