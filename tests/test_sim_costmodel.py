@@ -230,3 +230,26 @@ def test_step_time_is_cheap() -> None:
     elapsed = time.perf_counter() - start
     # the loop's own cost is included: this is an upper bound on one call
     print(f"\nCostModel.step_time: {elapsed / n * 1e9:.0f} ns per call (loop included)")
+
+
+def test_decode_steps_are_step_time_to_the_last_bit() -> None:
+    # Every profile pair the planner may pick (tensor and pipeline parallel, shared host
+    # cores, compute- and memory-bound batches): a leap timed in one call must take the
+    # very floats that timing its iterations one by one takes, or leaps and stepping part.
+    checked = 0
+    for hw_name in list_hardware():
+        hw = load_hardware(hw_name)
+        for model_name in list_models():
+            model = load_model(model_name)
+            for tp, pp in ((1, 1), (2, 1), (8, 1), (1, 2)):
+                if tp > hw.max_tensor_parallel or tensor_parallel_problem(model, tp) is not None:
+                    continue
+                try:
+                    cm = CostModel(model, hw, tp, pp=pp)
+                except ValueError:
+                    continue
+                for seqs, kv in ((1, 17), (7, 3_001), (64, 90_000), (512, 2_000_000)):
+                    steps = cm.decode_steps(seqs, kv, 3, 40)
+                    assert steps == [cm.step_time(0, 0.0, seqs, kv + i * seqs, 0) for i in range(3, 40)]
+                    checked += 1
+    assert checked > 100

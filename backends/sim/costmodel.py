@@ -253,6 +253,35 @@ class CostModel:
             busy = host
         return busy + self._fixed + tokens * self._c_comm + new_seqs * self._request
 
+    def decode_steps(self, decode_seqs: int, decode_kv_tokens: int, start: int, stop: int) -> list[float]:
+        """``step_time(0, 0.0, decode_seqs, decode_kv_tokens + i * decode_seqs)`` for each ``i``
+        from ``start`` to ``stop - 1`` (the same floats): the iterations of a decode leap, the
+        KV growing by one token per sequence each time, timed in one call."""
+        if decode_seqs <= 0 or self.pp > 1 or self.host_token:
+            kv = decode_kv_tokens
+            return [self.step_time(0, 0.0, decode_seqs, kv + i * decode_seqs) for i in range(start, stop)]
+        d = decode_seqs
+        # step_time's arithmetic, term for term and in its order, with what does not change
+        # between the iterations worked out once (a product by share 1.0 and a sum with no
+        # prefill change nothing).
+        gemm = d * self._c_token + d * self._c_head
+        if gemm < self._m_fixed:
+            gemm = self._m_fixed
+        c_pair, m_kv = self._c_pair, self._m_kv
+        overhead = d * self._c_seq
+        host = d * self._host_seq
+        fixed, comm = self._fixed, d * self._c_comm
+        steps = []
+        append = steps.append
+        for kv in range(decode_kv_tokens + start * d, decode_kv_tokens + stop * d, d):
+            attn = kv * c_pair
+            reads = (kv + d) * m_kv
+            busy = gemm + (attn if attn > reads else reads) + overhead
+            if host > busy:
+                busy = host
+            append(busy + fixed + comm)
+        return steps
+
     def pipeline_share(self, prefill_tokens: int, decode_seqs: int) -> float:
         """With pipeline stages: the share of an iteration's tokens on a turn's critical path,
         its largest microbatch. The decoding sequences spread over ``pp`` microbatches (a lone

@@ -757,6 +757,9 @@ class SimEngine:
         self.rng = random.Random(seed)
         self.jitter_sigma = float(getattr(cost, "jitter_sigma", 0.0) or 0.0)
         self._host_token = float(getattr(cost, "host_token", 0.0) or 0.0)
+        self._decode_steps: Callable[[int, int, int, int], list[float]] | None
+        self._decode_steps = getattr(cost, "decode_steps", None)
+        """The cost model's leap timing (``CostModel.decode_steps``), if it has one."""
         self.host_share = 0.0
         """The share of a shared host core (``host_token_us``) the last iteration spent
         streaming tokens; the front-end delay of a new request is stretched by
@@ -912,15 +915,22 @@ class SimEngine:
         sigma = self.jitter_sigma
         batch = leap.batch
         seqs, kv = batch.decode_seqs, batch.decode_kv_tokens
-        factors = leap.factors
-        for i in range(len(ends), upto):
-            step = cost.step_time(0, 0.0, seqs, kv + i * seqs, 0)
-            if sigma:
+        if self._decode_steps is not None:
+            steps = self._decode_steps(seqs, kv, len(ends), upto)
+        else:
+            steps = [cost.step_time(0, 0.0, seqs, kv + i * seqs, 0) for i in range(len(ends), upto)]
+        if sigma:
+            factors = leap.factors
+            for step in steps:
                 f = self._draw()
                 factors.append(f)
-                step *= f
-            t += step
-            ends.append(t)
+                t += step * f
+                ends.append(t)
+        else:
+            append = ends.append
+            for step in steps:
+                t += step
+                append(t)
         self.busy_time += t - start
 
     async def _run_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
