@@ -211,10 +211,22 @@ class BlockPool:
         ``stored``, append each stretch ``(first, stop)`` of them that became findable."""
         if not self.caching or start >= stop:
             return
-        new = hashes[start:stop]
         findable = self._findable
         runs = holder.runs
         last = runs[-1] if runs else None
+        if stop - start == 1 and hashes[start] not in findable:  # the commonest: a decode's block
+            h = hashes[start]
+            findable.add(h)
+            if last is not None and last.findable and len(last.holders) == 1:
+                last.hashes.append(h)
+            else:
+                last = Run([h], {holder}, True)
+                runs.append(last)
+                self._heads[h] = last
+            if stored is not None:
+                stored.append((start, stop))
+            return
+        new = hashes[start:stop]
         if findable.isdisjoint(new):  # the common case: all new to the cache
             findable.update(new)
             if last is not None and last.findable and len(last.holders) == 1:
