@@ -96,7 +96,8 @@ async def _run(
         if isinstance(ep.backend, SimBackend)
         for core in ep.backend.engine.output_cores
     ]
-    inflight: set[asyncio.Task[None]] = set()
+    inflight: dict[int, asyncio.Task[None]] = {}
+    """The requests started and not finished, by number (each takes itself out)."""
     homes: dict[str, int] = {}
     """``split="tenants"``: tenant → its gateway, in turn by first appearance."""
     block_of = {name: _block_size(pool) for name, pool in gateway.routes.items()}
@@ -106,6 +107,12 @@ async def _run(
     :data:`CHAINS` (a live conversation forgotten is only hashed again)."""
 
     async def one(spec: Any, n: int) -> None:
+        try:
+            await serve(spec, n)
+        finally:
+            del inflight[n]  # in the task itself: a done callback would take a loop turn
+
+    async def serve(spec: Any, n: int) -> None:
         if split == "tenants":
             # Each tenant's connections all on one gateway (as behind a load balancer
             # that hashes on the client), the tenants dealt out in turn.
@@ -223,29 +230,51 @@ async def _run(
             tier.met_slo += 1
 
     sampler = loop.create_task(_sample_scaling(gateways, result)) if _scaled(gateways) else None
-    n = 0
-    for spec in requests:
-        delay = spec.arrival - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        n += 1
-        task = loop.create_task(one(spec, n))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-        if progress is not None and n % 256 == 0:
-            progress(loop.time(), n)
-        if stop_after is not None and n % 64 == 0:
-            reason = stop_after.settled(result, itl)
-            if reason is not None:
-                result.stopped_at = loop.time()
-                result.stopped_because = reason
-                drain_s = 0.0  # what is still running is left unfinished
-                break
+    arrived: asyncio.Future[int] = loop.create_future()
+    """Resolved with the number of requests started once the arrivals end (or stop)."""
+
+    def arrive(spec: Any, n: int) -> None:
+        # Each arrival is a timer that starts its request and sets the next arrival's (a
+        # task sleeping between arrivals would take two loop turns and a future each).
+        nonlocal drain_s
+        try:
+            while True:
+                n += 1
+                inflight[n] = loop.create_task(one(spec, n))
+                if progress is not None and n % 256 == 0:
+                    progress(loop.time(), n)
+                if stop_after is not None and n % 64 == 0:
+                    reason = stop_after.settled(result, itl)
+                    if reason is not None:
+                        result.stopped_at = loop.time()
+                        result.stopped_because = reason
+                        drain_s = 0.0  # what is still running is left unfinished
+                        break
+                spec = next(requests, None)
+                if spec is None:
+                    break
+                delay = spec.arrival - loop.time()
+                if delay > 0:
+                    loop.call_later(delay, arrive, spec, n)
+                    return
+        except BaseException as exc:  # a workload that fails to generate: the run fails with it
+            arrived.set_exception(exc)
+            return
+        arrived.set_result(n)
+
+    first = next(requests, None)
+    if first is None:
+        arrived.set_result(0)
+    elif first.arrival - loop.time() > 0:
+        loop.call_later(first.arrival - loop.time(), arrive, first, 0)
+    else:
+        arrive(first, 0)
+    n = await arrived
     result.requests_arrived = n
     if inflight:
         # A hung endpoint (an injected fault) would keep its requests forever: stop waiting
         # after `drain_s` and count them as unfinished.
-        _, pending = await asyncio.wait(list(inflight), timeout=drain_s)
+        _, pending = await asyncio.wait(list(inflight.values()), timeout=drain_s)
         for task in pending:
             task.cancel()
         result.unfinished = len(pending)
