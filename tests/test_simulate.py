@@ -291,20 +291,23 @@ def test_precise_prefix_gets_the_engines_kv_events_of_array_prompts() -> None:
     assert s["prefix_hit_rate"] > 0.5
 
 
-def test_an_engine_that_fails_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("method", ["schedule", "apply", "advance"])
+def test_an_engine_that_fails_fails_the_run(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    # A bug in planning, in committing an iteration or in committing a leap (each runs in a
+    # different loop callback of the engine's driver).
     from shuniu.backends.sim.engine import EngineCore
 
-    planned = EngineCore.schedule
+    original = getattr(EngineCore, method)
     calls = 0
 
-    def schedule(self: EngineCore):  # type: ignore[no-untyped-def]
+    def broken(self: EngineCore, *args):  # type: ignore[no-untyped-def]
         nonlocal calls
         calls += 1
-        if calls == 50:
+        if calls == 20:
             raise KeyError("a bug in the engine")
-        return planned(self)
+        return original(self, *args)
 
-    monkeypatch.setattr(EngineCore, "schedule", schedule)
+    monkeypatch.setattr(EngineCore, method, broken)
     resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
     with pytest.raises(RuntimeError, match="simulated engine of m-0 failed: KeyError"):
         simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)

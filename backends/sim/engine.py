@@ -33,7 +33,6 @@ from shuniu.backends.sim.kvcache import BlockPool, Hits, Run
 from shuniu.backends.sim.stats import LogHistogram
 from shuniu.core.blockhash import extend_chain
 from shuniu.core.kv_events.wire import BlockRemoved, BlockStored, EventBatch, KvEvent
-from shuniu.core.tasks import cancel_and_wait
 from shuniu.core.traffic import synthetic_ids
 from shuniu.core.types import EndpointLoad
 
@@ -765,8 +764,12 @@ class SimEngine:
         streaming tokens; the front-end delay of a new request is stretched by
         ``1 / (1 - host_share)``, as its intake queues behind that work, and requests'
         front-end work is served one at a time (one front-end core). 0 while idle."""
-        self._task: asyncio.Task[None] | None = None
-        self._idle: asyncio.Future[None] | None = None
+        self._started = False  # driven by loop callbacks (until stop)
+        self._resuming = False  # a resumption is due in the loop's next turn
+        self._busy = False  # an iteration or a leap is under way (its timer set)
+        self._timer: asyncio.TimerHandle | None = None
+        self._batch: Batch | None = None  # the single iteration under way
+        self._failure: BaseException | None = None
         self._delayed: set[Seq] = set()
         self._front_free = 0.0  # when the front-end core finishes the work queued on it
         self.busy_time = 0.0
@@ -818,8 +821,9 @@ class SimEngine:
             loop.call_later(delay, self._add, seq)
         else:
             self._add(seq)
-        if self._task is None:
-            self._task = loop.create_task(self._run(), name="sim-engine")
+        if not self._started:
+            self._started = True
+            self._resume_soon()
 
     def _add(self, seq: Seq) -> None:
         if self.admission_delay > 0:
@@ -832,9 +836,8 @@ class SimEngine:
             # the batch (unless KV events must tell the balancer about them now).
             self._cut(sync=self.kv_publisher is not None)
         self.core.add(seq)
-        idle = self._idle
-        if idle is not None and not idle.done():
-            idle.set_result(None)
+        if not self._busy:
+            self._resume_soon()
 
     def abort(self, seq: Seq, *, aborted: bool = True) -> None:
         """Stop a sequence now (client gone: ``aborted``; or ended early by a stop string)."""
@@ -900,9 +903,10 @@ class SimEngine:
             self.busy_time -= ends[computed - 1] - ends[keep - 1]
             del ends[keep:]
             leap.steps = keep
-            wake = leap.wake
-            if wake is not None and not wake.done():
-                wake.set_result(True)  # re-arm the timer on the new end
+            timer = self._timer
+            if timer is not None:
+                timer.cancel()
+                self._arm_leap(leap)  # on the new end
 
     def _time_leap(self, leap: _Leap, upto: int) -> None:
         """Time the leap's iterations up to ``upto`` (exclusive; its first is timed): each
@@ -933,38 +937,41 @@ class SimEngine:
                 append(t)
         self.busy_time += t - start
 
-    async def _run_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
+    def _start_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
         """Run ``k`` decode iterations of ``batch`` as one timer per :data:`LEAP_CHUNK` of
         them (the first takes ``dt``)."""
-        loop = asyncio.get_running_loop()
         leap = _Leap(batch)
         ends = leap.ends
-        ends.append(loop.time() + dt)
+        ends.append(asyncio.get_running_loop().time() + dt)
         if self.jitter_sigma:
             leap.factors.append(factor)
         self.busy_time += dt
         leap.steps = k
         self._time_leap(leap, min(k, LEAP_CHUNK))
         self._leap = leap
+        self._arm_leap(leap)
+
+    def _arm_leap(self, leap: _Leap) -> None:
+        self.timers += 1
+        self._timer = asyncio.get_running_loop().call_at(leap.ends[-1], self._leap_timer)
+
+    def _leap_timer(self) -> None:
+        """The leap's timed iterations have ended: time the next chunk, or end the leap."""
+        self._timer = None
         try:
-            while True:
-                self.timers += 1
-                wake = leap.wake = loop.create_future()
-                timer = loop.call_at(ends[-1], _resolve, wake)
-                try:
-                    cut = await wake
-                finally:
-                    timer.cancel()
-                if cut:
-                    continue
-                if len(ends) == leap.steps:
-                    break
-                self._time_leap(leap, min(leap.steps, len(ends) + LEAP_CHUNK))
-        finally:
+            leap = self._leap
+            assert leap is not None
+            if len(leap.ends) < leap.steps:
+                self._time_leap(leap, min(leap.steps, len(leap.ends) + LEAP_CHUNK))
+                self._arm_leap(leap)
+                return
             self._leap = None
-        if leap.done < leap.steps:
-            self.core.advance(batch, ends, leap.done, leap.steps, leap.steps)
-            self._publish()
+            if leap.done < leap.steps:
+                self.core.advance(leap.batch, leap.ends, leap.done, leap.steps, leap.steps)
+                self._publish()
+            self._step()
+        except Exception as exc:
+            self._fail(exc)
 
     def _publish(self) -> None:
         core = self.core
@@ -972,55 +979,90 @@ class SimEngine:
             self.kv_publisher(EventBatch(asyncio.get_running_loop().time(), core.kv_events, 0))
             core.kv_events = []
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+    # -- the driver: loop callbacks, one timer per iteration or leap ------------------------
+
+    def _resume_soon(self) -> None:
+        """Plan the next iteration in the loop's next turn (work arrived at an idle engine):
+        whatever else arrives in this turn joins the same plan."""
+        if not self._resuming:
+            self._resuming = True
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._resuming = False
+        if self._started and not self._busy:
+            try:
+                self._step()
+            except Exception as exc:
+                self._fail(exc)
+
+    def _step(self) -> None:
+        """Plan an iteration and set its timer (or a leap's); idle when there is nothing to run."""
         core = self.core
+        batch = core.schedule()
+        if batch is None:
+            self._busy = False
+            self.host_share = 0.0
+            return
+        self._busy = True
         cost = self.cost
-        sigma = self.jitter_sigma
-        while True:
-            batch = core.schedule()
-            if batch is None:
-                self.host_share = 0.0
-                self._idle = loop.create_future()
-                await self._idle
-                self._idle = None
-                continue
-            dt = cost.step_time(
-                batch.prefill_tokens,
-                batch.prefill_attn,
-                batch.decode_seqs,
-                batch.decode_kv_tokens,
-                batch.new_seqs,
-            )
-            if self._host_token:
-                self.host_share = cost.host_share(dt, batch.decode_seqs, batch.new_seqs)  # type: ignore[attr-defined]
-            factor = 1.0
-            if sigma:
-                factor = self._draw()
-                dt *= factor
-            if self.leap_steps > 1:
-                k = core.leap_length(batch, self.leap_steps)
-                if k > 1:
-                    await self._run_leap(batch, dt, factor, k)
-                    continue
-            self.busy_time += dt
-            self.timers += 1
-            await asyncio.sleep(dt)
-            core.apply(batch, loop.time())
+        dt = cost.step_time(
+            batch.prefill_tokens,
+            batch.prefill_attn,
+            batch.decode_seqs,
+            batch.decode_kv_tokens,
+            batch.new_seqs,
+        )
+        if self._host_token:
+            self.host_share = cost.host_share(dt, batch.decode_seqs, batch.new_seqs)  # type: ignore[attr-defined]
+        factor = 1.0
+        if self.jitter_sigma:
+            factor = self._draw()
+            dt *= factor
+        if self.leap_steps > 1:
+            k = core.leap_length(batch, self.leap_steps)
+            if k > 1:
+                self._start_leap(batch, dt, factor, k)
+                return
+        self.busy_time += dt
+        self.timers += 1
+        self._batch = batch
+        self._timer = asyncio.get_running_loop().call_later(dt, self._end_iteration)
+
+    def _end_iteration(self) -> None:
+        self._timer = None
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        try:
+            self.core.apply(batch, asyncio.get_running_loop().time())
             self._publish()
+            self._step()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A bug in the engine: it stops, and :attr:`failure` says why (its sequences would
+        wait forever)."""
+        self._failure = exc
+        self._halt()
+
+    def _halt(self) -> None:
+        self._started = False
+        self._busy = False
+        self._leap = None
+        self._batch = None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     @property
     def failure(self) -> BaseException | None:
-        """What ended the engine's loop, if something other than :meth:`stop` did (a bug:
-        the sequences in it would wait forever)."""
-        task = self._task
-        if task is None or not task.done() or task.cancelled():
-            return None
-        return task.exception()
+        """What stopped the engine, if something other than :meth:`stop` did (a bug: the
+        sequences in it would wait forever)."""
+        return self._failure
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        self._halt()
 
     def load(self) -> EndpointLoad:
         if self._leap is not None:
@@ -1029,9 +1071,9 @@ class SimEngine:
 
 
 class _Leap:
-    """Decode iterations an engine runs as one timer (:meth:`SimEngine._run_leap`)."""
+    """Decode iterations an engine runs as one timer (:meth:`SimEngine._start_leap`)."""
 
-    __slots__ = ("batch", "done", "ends", "factors", "steps", "wake")
+    __slots__ = ("batch", "done", "ends", "factors", "steps")
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
@@ -1043,10 +1085,3 @@ class _Leap:
         """Iterations the leap runs (fewer once cut)."""
         self.done = 0
         """Iterations committed so far."""
-        self.wake: asyncio.Future[bool] | None = None
-        """Resolved when the leap's last iteration ends (False) or the leap is cut (True)."""
-
-
-def _resolve(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)
