@@ -97,6 +97,7 @@ class SimBackend(BackendBase):
         if self.faults is not None:
             await self.faults.before_request()
         seq.done = asyncio.get_running_loop().create_future()
+        seq.per_token = False  # only its end is awaited: the engine may advance it in aggregate
         self.engine.submit(seq)
         await seq.done
         if seq.output_count < seq.max_output and self.faults is not None and self.faults.crashed:

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from shuniu.backends.sim.cohort import Cohort
 from shuniu.backends.sim.costmodel import jitter_factor
 from shuniu.backends.sim.kvcache import BlockPool, Hits, Run
 from shuniu.backends.sim.stats import LogHistogram
@@ -110,6 +111,7 @@ class Seq:
     __slots__ = (
         "arrival",
         "cached_tokens",
+        "ckey",
         "done",
         "external_tokens",
         "finished_at",
@@ -122,15 +124,18 @@ class Seq:
         "num_computed",
         "num_hashed",
         "on_first",
+        "order",
         "output_count",
         "output_ids",
         "output_seed",
+        "per_token",
         "preemptions",
         "priority",
         "prompt",
         "prompt_len",
         "runs",
         "status",
+        "synced",
         "waiter",
     )
 
@@ -178,6 +183,14 @@ class Seq:
         self.finished_at: float | None = None
         self.waiter: asyncio.Future[None] | None = None  # woken on every new token
         self.done: asyncio.Future[None] | None = None  # woken when the sequence finishes
+        self.per_token = True
+        """Whether its caller follows it token by token (:attr:`waiter`). When not (it waits
+        for :attr:`done`), the engine may advance it with the other decodes in aggregate
+        (:mod:`~shuniu.backends.sim.cohort`): then its token counts are current when it
+        finishes, not in between."""
+        self.order = 0  # when it (last) joined the running sequences: their order
+        self.ckey = 0  # its key in the engine's cohort while a member, else 0
+        self.synced = 0  # the cohort's tick when it joined
 
     @property
     def finished(self) -> bool:
@@ -188,6 +201,7 @@ class Batch:
     """One planned iteration."""
 
     __slots__ = (
+        "cohort",
         "decode_kv_tokens",
         "decode_seqs",
         "items",
@@ -199,6 +213,9 @@ class Batch:
 
     def __init__(self) -> None:
         self.items: list[tuple[Seq, int]] = []
+        """The sequences it runs one by one, in running order, and their tokens."""
+        self.cohort = 0
+        """How many decodes of the engine's cohort it runs besides (one token each)."""
         self.preempted = False
         """Whether planning it preempted a running sequence."""
         self.prefill_tokens = 0
@@ -219,6 +236,12 @@ class EngineCore:
         self.pool = BlockPool(config.num_blocks, config.prefix_caching)
         self._ids = ids or synthetic_ids
         self.running: list[Seq] = []
+        """Every running sequence, in the order they (last) started running."""
+        self.cohort = Cohort(config.block_size, config.prefix_caching)
+        """The running decodes advanced in aggregate (never under V0 scheduling, whose
+        decodes sit out the prefill iterations)."""
+        self._solo: set[Seq] = set()  # the running sequences outside the cohort
+        self._started = 0  # sequences started running (their order)
         self._fifo: deque[Seq] = deque()
         self._heap: list[tuple[int, float, int, Seq]] = []
         self._counter = 0
@@ -282,7 +305,10 @@ class EngineCore:
         if seq.status == WAITING:
             self.num_waiting -= 1  # stays in its queue, skipped when it reaches the head
         else:
+            if seq.ckey:
+                self.cohort.leave(seq)
             self.running.remove(seq)
+            self._solo.discard(seq)
             self.pool.release(seq)
         seq.status = FINISHED
         if aborted:
@@ -385,7 +411,8 @@ class EngineCore:
         return (tokens + bs - 1) // bs
 
     def _preempt(self, victim: Seq) -> None:
-        self.running.remove(victim)
+        self.running.remove(victim)  # outside the cohort: only the one-by-one plan preempts
+        self._solo.discard(victim)
         self.pool.release(victim)
         victim.num_hashed = 0
         victim.num_computed = 0
@@ -408,6 +435,11 @@ class EngineCore:
             self._admit(batch, cfg.max_num_batched_tokens)
             if batch.items:
                 return batch
+        if self.cohort.members:
+            batch = self._schedule_with_cohort()
+            if batch is not None:
+                return batch
+            self._solo.update(self.cohort.disband())  # planned one by one, as below
         pool = self.pool
         budget = cfg.max_num_batched_tokens
         bs = cfg.block_size
@@ -470,6 +502,134 @@ class EngineCore:
             self._admit(batch, budget)
         return batch if items else None
 
+    def _schedule_with_cohort(self) -> Batch | None:
+        """:meth:`schedule`'s plan when the engine has a cohort: the same plan, its members
+        one token each, touched only when due for a block, the other running sequences one
+        by one; or ``None`` when that plan would not be the same (a sequence before a member
+        in the running order cut short by the token budget, or a preemption): then the
+        cohort is disbanded."""
+        cfg = self.config
+        cohort = self.cohort
+        solo = self._solo
+        tick = cohort.tick
+        leaving: list[Seq] = []
+        cohort.ending(tick, leaving)  # their last token: planned and finished one by one
+        solo.update(leaving)
+        members = len(cohort.members)
+        if not members:
+            return None
+        seqs = sorted(solo, key=_started) if len(solo) > 1 else list(solo)
+        # The budget reaches every member: a sequence before the last member (in the running
+        # order) must get its whole need from what they leave, one after it is planned
+        # exactly as in schedule's loop.
+        running = self.running
+        j = len(running) - 1
+        while not running[j].ckey:
+            j -= 1
+        last = running[j].order
+        bs = cfg.block_size
+        budget = cfg.max_num_batched_tokens - members
+        if budget < 0:
+            return None  # the budget runs out before the last member
+        chunked = cfg.chunked_prefill
+        plan: list[tuple[Seq, int]] = []
+        blocks = 0
+        for seq in seqs:
+            before = seq.order < last
+            if budget <= 0:
+                if before:
+                    return None
+                break
+            nc = seq.num_computed
+            need = seq.prompt_len + seq.output_count - nc
+            if need <= budget:
+                n = need
+            elif before:
+                return None
+            elif chunked:
+                n = budget
+            else:
+                continue
+            if nc + n > seq.num_blocks * bs:
+                blocks += (nc + n + bs - 1) // bs - seq.num_blocks
+            plan.append((seq, n))
+            budget -= n
+        due = cohort.due_blocks(tick)
+        for seq in due:
+            nc = seq.num_computed + tick - seq.synced
+            if nc + 1 > seq.num_blocks * bs:
+                blocks += (nc + bs) // bs - seq.num_blocks
+        pool = self.pool
+        if blocks > pool.available:  # someone is preempted: planned one by one
+            for seq in due:
+                cohort.schedule_block(seq, seq.num_computed + tick - seq.synced, tick)
+            return None
+        if due:
+            plan += [(seq, 0) for seq in due]  # n = 0 marks a member
+            plan.sort(key=_first_started)
+        batch = Batch()
+        items = batch.items
+        register = cfg.caches_when_scheduled
+        decode_seqs = batch.cohort = members
+        decode_kv = cohort.kv_base + members * tick
+        prefill_tokens = 0
+        prefill_attn = 0.0
+        for seq, n in plan:
+            if not n:  # a member due for a block: one token, as every member
+                nc = seq.num_computed + tick - seq.synced
+                held = seq.num_blocks
+                if nc + 1 > held * bs:
+                    extra = (nc + bs) // bs - held
+                    pool.allocate(extra)  # counted above: it fits
+                    seq.num_blocks = held + extra
+                if register and nc + 1 >= (seq.num_hashed + 1) * bs:
+                    self._register_full(seq, (nc + 1) // bs)
+                cohort.schedule_block(seq, nc, tick)
+                continue
+            nc = seq.num_computed
+            held = seq.num_blocks
+            if nc + n > held * bs:
+                extra = (nc + n + bs - 1) // bs - held
+                pool.allocate(extra)  # counted above: it fits
+                seq.num_blocks = held + extra
+            items.append((seq, n))
+            if register and nc + n >= (seq.num_hashed + 1) * bs:
+                self._register_full(seq, (nc + n) // bs)
+            total = seq.prompt_len + seq.output_count
+            if total - nc == 1 and seq.output_count:
+                decode_seqs += 1
+                decode_kv += total
+            else:
+                prefill_tokens += n
+                prefill_attn += n * (nc + n / 2)
+        batch.decode_seqs = decode_seqs
+        batch.decode_kv_tokens = decode_kv
+        batch.prefill_tokens = prefill_tokens
+        batch.prefill_attn = prefill_attn
+        self._admit(batch, budget)
+        return batch
+
+    def _join_cohort(self, items: list[tuple[Seq, int]]) -> bool:
+        """After a commit: the running decodes among ``items`` that may join the cohort do;
+        whether any did."""
+        if self.config.prefill_first:
+            return False
+        cohort = self.cohort
+        solo = self._solo
+        joined = False
+        for seq, _ in items:
+            if (
+                seq.status == RUNNING
+                and not seq.ckey
+                and not seq.per_token
+                and seq.output_count
+                and seq.num_computed == seq.prompt_len + seq.output_count - 1
+                and cohort.join(seq)
+            ):
+                solo.discard(seq)
+                joined = True
+        return joined
+
     def _admit(self, batch: Batch, budget: int) -> None:
         """Add waiting sequences to ``batch`` while the token budget, ``max_num_seqs`` and
         the free KV blocks allow (prefix hits claimed, the rest allocated)."""
@@ -512,7 +672,10 @@ class EngineCore:
             if seq.cached_tokens is None:  # the first admission (a preempted one recomputes)
                 seq.cached_tokens = min(cached, seq.prompt_len)
             seq.status = RUNNING
+            self._started += 1
+            seq.order = self._started
             running.append(seq)
+            self._solo.add(seq)
             items.append((seq, n))
             budget -= n
             batch.new_seqs += 1
@@ -532,8 +695,10 @@ class EngineCore:
             pool.removed = []
         # Sequences that decoded in the same earlier iteration share one inter-token gap:
         # count them per distinct gap instead of one histogram update per token.
-        gaps: dict[float, int] = {}
-        generated = 0
+        cohort = self.cohort
+        members = len(cohort.members)
+        gaps: dict[float, int] = {cohort.last: members} if members else {}
+        generated = members
         # Hot loop (once per scheduled sequence per iteration): locals, no helper calls.
         for seq, n in batch.items:
             if seq.status != RUNNING:
@@ -565,6 +730,9 @@ class EngineCore:
         self.generated_tokens += generated
         for last, count in gaps.items():
             self.itl.add(now - last, count)
+        cohort.tick += 1
+        cohort.last = now
+        self._join_cohort(batch.items)
 
     # -- decode leaps (virtual time) -------------------------------------------------------
 
@@ -576,11 +744,12 @@ class EngineCore:
         iterations each one is ``batch`` again, one token longer per sequence, so
         :meth:`advance` can commit them together."""
         running = self.running
+        planned = len(batch.items) + batch.cohort
         if (
             batch.prefill_tokens
             or batch.new_seqs
             or batch.preempted
-            or len(batch.items) != len(running)
+            or planned != len(running)
             or batch.decode_seqs != len(running)
         ):
             return 1
@@ -592,6 +761,10 @@ class EngineCore:
             left = seq.max_output - seq.output_count
             if left < k:
                 k = left
+        if batch.cohort:
+            left = self.cohort.min_left()
+            if left < k:
+                k = left
         if k <= 1:
             return 1
         free = self.pool.available
@@ -599,7 +772,7 @@ class EngineCore:
         # most ceil((k - 1) / block) more blocks each: the exact count only when that could
         # exceed the free blocks.
         bs = cfg.block_size
-        if len(batch.items) * ((k + bs - 2) // bs) > free and self._leap_blocks(batch, k) > free:
+        if planned * ((k + bs - 2) // bs) > free and self._leap_blocks(batch, k) > free:
             lo, hi = 1, k - 1  # the longest leap the free blocks carry (1 always does)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -613,9 +786,10 @@ class EngineCore:
     def _leap_blocks(self, batch: Batch, k: int) -> int:
         """Blocks ``k`` decode iterations of ``batch`` need beyond those already held."""
         bs = self.config.block_size
+        computed = self.cohort.computed
         extra = 0
-        for seq, _ in batch.items:
-            need = (seq.num_computed + k + bs - 1) // bs - seq.num_blocks
+        for seq in [*(item[0] for item in batch.items), *self.cohort.members]:
+            need = (computed(seq) + k + bs - 1) // bs - seq.num_blocks
             if need > 0:
                 extra += need
         return extra
@@ -637,10 +811,39 @@ class EngineCore:
         events = self.kv_events
         ahead = 0 if stop == last else 1  # the iteration in progress holds its block already
         when = ends[stop - 1]
-        first_gaps: dict[float, int] = {}
-        live = 0
+        cohort = self.cohort
+        items = batch.items
+        work: list[tuple[Seq, int]] = items
+        if cohort.members:
+            tick = cohort.tick
+            leaving: list[Seq] = []
+            cohort.ending(tick + m - 1, leaving)  # they finish: committed one by one
+            if leaving:
+                self._solo.update(leaving)
+                items.extend((seq, 1) for seq in leaving)
+                items.sort(key=_first_started)
+            # Members due for a block in these iterations (or the next one's) are handled in
+            # place, in running order among the others.
+            due = cohort.due_blocks(tick + m + ahead - 1)
+            if due:
+                work = items + [(seq, 0) for seq in due]
+                work.sort(key=_first_started)
+        live = len(cohort.members)
+        first_gaps: dict[float, int] = {cohort.last: live} if live else {}
         finishing: list[Seq] = []
-        for seq, _ in batch.items:
+        for seq, n in work:
+            if not n:  # a member: its blocks only
+                nc = seq.num_computed + cohort.tick - seq.synced + m
+                held = seq.num_blocks
+                if nc + ahead > held * bs:
+                    extra = (nc + ahead + bs - 1) // bs - held
+                    ok = pool.allocate(extra)
+                    assert ok, "leap_length checked the free blocks"
+                    seq.num_blocks = held + extra
+                if caching and nc >= (seq.num_hashed + 1) * bs:
+                    self._register_full(seq, nc // bs)
+                cohort.schedule_block(seq, nc, cohort.tick + m)
+                continue
             if seq.status != RUNNING:
                 continue  # aborted meanwhile
             live += 1
@@ -663,6 +866,8 @@ class EngineCore:
                 finishing.append(seq)
             elif seq.waiter is not None:
                 _wake(seq, finished=False)
+        cohort.tick += m
+        cohort.last = when
         if events is not None and pool.removed:
             events.append(BlockRemoved(pool.removed, "GPU"))
             pool.removed = []
@@ -675,6 +880,8 @@ class EngineCore:
             itl.add_gaps(ends, start + 1, stop, live)
         for seq in finishing:
             self._finish(seq, when)
+        if self._join_cohort(items):  # the leap goes on without them in its items
+            items[:] = [item for item in items if not item[0].ckey]
 
     def _register_full(self, seq: Seq, full: int) -> None:
         """Make ``seq``'s first ``full`` blocks findable in the prefix cache (publishing them
@@ -720,13 +927,22 @@ class EngineCore:
             )
 
     def _finish(self, seq: Seq, now: float) -> None:
-        self.running.remove(seq)
+        self.running.remove(seq)  # outside the cohort: a member leaves before its last token
+        self._solo.discard(seq)
         self.pool.release(seq)
         seq.status = FINISHED
         seq.finished_at = now
         self.completed += 1
         self.e2e.add(now - seq.arrival)
         _wake(seq, finished=True)
+
+
+def _started(seq: Seq) -> int:
+    return seq.order
+
+
+def _first_started(item: tuple[Seq, int]) -> int:
+    return item[0].order
 
 
 def _wake(seq: Seq, finished: bool) -> None:
