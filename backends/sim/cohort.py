@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from shuniu.backends.sim.engine import Seq
 
-__all__ = ["Cohort"]
+__all__ = ["Cohort", "running_order"]
 
 
 class Cohort:
@@ -90,7 +90,7 @@ class Cohort:
             if seq.ckey == key:
                 due.append(seq)
         if len(due) > 1:
-            due.sort(key=_started)
+            due.sort(key=running_order)
         return due
 
     def ending(self, limit: int, out: list[Seq]) -> None:
@@ -137,5 +137,6 @@ class Cohort:
         return gone
 
 
-def _started(seq: Seq) -> int:
+def running_order(seq: Seq) -> int:
+    """A running sequence's place in its engine's running order (the key to sort them by)."""
     return seq.order

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shuniu.backends.sim.cohort import Cohort
+from shuniu.backends.sim.cohort import Cohort, running_order
 from shuniu.backends.sim.costmodel import jitter_factor
 from shuniu.backends.sim.kvcache import BlockPool, Hits, Run
 from shuniu.backends.sim.stats import LogHistogram
@@ -241,7 +241,7 @@ class EngineCore:
         """The running decodes advanced in aggregate (never under V0 scheduling, whose
         decodes sit out the prefill iterations)."""
         self._solo: set[Seq] = set()  # the running sequences outside the cohort
-        self._started = 0  # sequences started running (their order)
+        self._admissions = 0  # sequences started running (their order)
         self._fifo: deque[Seq] = deque()
         self._heap: list[tuple[int, float, int, Seq]] = []
         self._counter = 0
@@ -518,7 +518,7 @@ class EngineCore:
         members = len(cohort.members)
         if not members:
             return None
-        seqs = sorted(solo, key=_started) if len(solo) > 1 else list(solo)
+        seqs = sorted(solo, key=running_order) if len(solo) > 1 else list(solo)
         # The budget reaches every member: a sequence before the last member (in the running
         # order) must get its whole need from what they leave, one after it is planned
         # exactly as in schedule's loop.
@@ -566,7 +566,7 @@ class EngineCore:
             return None
         if due:
             plan += [(seq, 0) for seq in due]  # n = 0 marks a member
-            plan.sort(key=_first_started)
+            plan.sort(key=_item_order)
         batch = Batch()
         items = batch.items
         register = cfg.caches_when_scheduled
@@ -575,26 +575,23 @@ class EngineCore:
         prefill_tokens = 0
         prefill_attn = 0.0
         for seq, n in plan:
-            if not n:  # a member due for a block: one token, as every member
+            member = not n  # a member due for a block: one token, as every member
+            if member:
                 nc = seq.num_computed + tick - seq.synced
-                held = seq.num_blocks
-                if nc + 1 > held * bs:
-                    extra = (nc + bs) // bs - held
-                    pool.allocate(extra)  # counted above: it fits
-                    seq.num_blocks = held + extra
-                if register and nc + 1 >= (seq.num_hashed + 1) * bs:
-                    self._register_full(seq, (nc + 1) // bs)
-                cohort.schedule_block(seq, nc, tick)
-                continue
-            nc = seq.num_computed
+                n = 1
+            else:
+                nc = seq.num_computed
             held = seq.num_blocks
             if nc + n > held * bs:
                 extra = (nc + n + bs - 1) // bs - held
                 pool.allocate(extra)  # counted above: it fits
                 seq.num_blocks = held + extra
-            items.append((seq, n))
             if register and nc + n >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, (nc + n) // bs)
+            if member:
+                cohort.schedule_block(seq, nc, tick)
+                continue
+            items.append((seq, n))
             total = seq.prompt_len + seq.output_count
             if total - nc == 1 and seq.output_count:
                 decode_seqs += 1
@@ -672,8 +669,8 @@ class EngineCore:
             if seq.cached_tokens is None:  # the first admission (a preempted one recomputes)
                 seq.cached_tokens = min(cached, seq.prompt_len)
             seq.status = RUNNING
-            self._started += 1
-            seq.order = self._started
+            self._admissions += 1
+            seq.order = self._admissions
             running.append(seq)
             self._solo.add(seq)
             items.append((seq, n))
@@ -821,34 +818,26 @@ class EngineCore:
             if leaving:
                 self._solo.update(leaving)
                 items.extend((seq, 1) for seq in leaving)
-                items.sort(key=_first_started)
+                items.sort(key=_item_order)
             # Members due for a block in these iterations (or the next one's) are handled in
             # place, in running order among the others.
             due = cohort.due_blocks(tick + m + ahead - 1)
             if due:
                 work = items + [(seq, 0) for seq in due]
-                work.sort(key=_first_started)
+                work.sort(key=_item_order)
         live = len(cohort.members)
         first_gaps: dict[float, int] = {cohort.last: live} if live else {}
         finishing: list[Seq] = []
         for seq, n in work:
-            if not n:  # a member: its blocks only
+            member = not n  # a member: its blocks only (its counts are the cohort's)
+            if member:
                 nc = seq.num_computed + cohort.tick - seq.synced + m
-                held = seq.num_blocks
-                if nc + ahead > held * bs:
-                    extra = (nc + ahead + bs - 1) // bs - held
-                    ok = pool.allocate(extra)
-                    assert ok, "leap_length checked the free blocks"
-                    seq.num_blocks = held + extra
-                if caching and nc >= (seq.num_hashed + 1) * bs:
-                    self._register_full(seq, nc // bs)
-                cohort.schedule_block(seq, nc, cohort.tick + m)
-                continue
-            if seq.status != RUNNING:
+            elif seq.status != RUNNING:
                 continue  # aborted meanwhile
-            live += 1
-            nc = seq.num_computed + m
-            seq.num_computed = nc
+            else:
+                live += 1
+                nc = seq.num_computed + m
+                seq.num_computed = nc
             held = seq.num_blocks
             if nc + ahead > held * bs:
                 extra = (nc + ahead + bs - 1) // bs - held
@@ -857,6 +846,9 @@ class EngineCore:
                 seq.num_blocks = held + extra
             if caching and nc >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, nc // bs)
+            if member:
+                cohort.schedule_block(seq, nc, cohort.tick + m)
+                continue
             last_at = seq.last_token_at
             first_gaps[last_at] = first_gaps.get(last_at, 0) + 1
             seq.last_token_at = when
@@ -937,11 +929,7 @@ class EngineCore:
         _wake(seq, finished=True)
 
 
-def _started(seq: Seq) -> int:
-    return seq.order
-
-
-def _first_started(item: tuple[Seq, int]) -> int:
+def _item_order(item: tuple[Seq, int]) -> int:
     return item[0].order
 
 

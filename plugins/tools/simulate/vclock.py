@@ -85,13 +85,7 @@ class _Timer(asyncio.TimerHandle):
     __slots__ = ()
 
     def __init__(self, when: float, callback: Any, args: Any, loop: Any, context: Any) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _Call.__init__(self, callback, args, loop, context)  # type: ignore[arg-type]  # the same slots
         self._when = when
         self._scheduled = True
 
