@@ -163,7 +163,21 @@ class Gateway:
             self.state, Intake(gw, pass_trace=self.tracing is None), recorder, self.tracing
         )
         batch_store = _batch_store(resolved, self.state) if not virtual_time else None
-        self.litestar = build_app(
+        self._virtual_time = virtual_time
+        self._app_parts = (list(extra_routes), peers, batch_store)
+        self._app: Dispatch | None = None
+        self._litestar: Any = None
+        if not virtual_time:
+            self._build_app()  # a route that cannot be built fails here, at start-up
+        if batch_store is not None:
+            assert self.state.files is not None
+            self.state.batches = BatchRunner(
+                config.batches, batch_store, self.state.files, self.app, lambda: self.state.routes
+            )
+
+    def _build_app(self) -> Dispatch:
+        extra_routes, peers, batch_store = self._app_parts
+        self._litestar = build_app(
             path=self.path,
             state=self.state,
             ops=self.operations,
@@ -171,20 +185,29 @@ class Gateway:
             hardware=self.hardware,
             status=self.status,
             created=int(time.time()),
-            extra_routes=list(extra_routes),
+            extra_routes=extra_routes,
             on_startup=self.start,
             on_shutdown=self.stop,
             peers=peers,
             fleet=self.fleet,
             batch_store=batch_store,
         )
-        self.app = Dispatch(self.path, self.litestar, peers)
-        """The ASGI application to serve."""
-        if batch_store is not None:
-            assert self.state.files is not None
-            self.state.batches = BatchRunner(
-                config.batches, batch_store, self.state.files, self.app, lambda: self.state.routes
-            )
+        self._app = Dispatch(self.path, self._litestar, peers)
+        return self._app
+
+    @property
+    def app(self) -> Dispatch:
+        """The ASGI application to serve. On the virtual clock (``shuniu simulate``, which
+        serves nothing over HTTP) it is built on first use: a capacity plan builds a gateway
+        per trial, and the web app was most of that."""
+        return self._app if self._app is not None else self._build_app()
+
+    @property
+    def litestar(self) -> Any:
+        """The Litestar application behind :attr:`app` (its routes beyond the request path)."""
+        if self._litestar is None:
+            self._build_app()
+        return self._litestar
 
     # -- what the CLI, the simulator and tests read ---------------------------------------
 
@@ -262,8 +285,11 @@ class Gateway:
             if inspect.isawaitable(result):
                 await result
         # Everything built so far lives as long as the process: move it out of the cyclic
-        # GC's generations so full collections stop rescanning it (tens of ms each).
-        gc.collect()
+        # GC's generations so full collections stop rescanning it (tens of ms each). On the
+        # virtual clock the collection first is skipped: a capacity plan starts a gateway
+        # per trial, and what little garbage is frozen with it is freed at stop().
+        if not self._virtual_time:
+            gc.collect()
         gc.freeze()
         state.started = True
 

@@ -3,6 +3,7 @@ virtual time, checked against what the engine model implies."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -73,6 +74,24 @@ def test_same_seed_same_result_and_wall_time_is_small() -> None:
     for key in ("ttft_p99", "itl_p50", "requests_completed", "throughput_tokens_per_s"):
         assert a[key] == b[key]
     assert a["sim_time_s"] >= 30
+
+
+def test_a_run_raises_the_collectors_threshold_for_its_duration_only() -> None:
+    # The run's young-generation threshold is its own; the process gets its own back, also
+    # when the run fails.
+    seen: list[tuple[int, int, int]] = []
+    before = gc.get_threshold()
+    resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
+    workload = load_workload(WORKLOADS / "chat-shared-prefix.yaml")
+    # the progress callback runs inside the run, every 256 requests
+    simulate(
+        resolved, load_plugins(), workload, duration=60, progress=lambda t, n: seen.append(gc.get_threshold())
+    )
+    assert gc.get_threshold() == before
+    assert seen and all(t == (20_000, *before[1:]) for t in seen)
+    with pytest.raises(ConfigError):
+        simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30, model="nope")
+    assert gc.get_threshold() == before
 
 
 def test_shared_prefix_chat_hits_the_prefix_cache() -> None:
@@ -311,3 +330,25 @@ def test_an_engine_that_fails_fails_the_run(monkeypatch: pytest.MonkeyPatch, met
     resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
     with pytest.raises(RuntimeError, match="simulated engine of m-0 failed: KeyError"):
         simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)
+
+
+def test_a_virtual_clock_gateway_builds_its_web_app_on_first_use() -> None:
+    # A capacity plan builds a gateway per trial and serves nothing over HTTP: the web app
+    # waits until asked for, and then serves as any gateway's does.
+    import asyncio
+
+    import httpx
+
+    from shuniu.core.gateway import Gateway
+
+    async def run() -> httpx.Response:
+        gw = Gateway(_deployment("{hardware: h200, model: qwen2.5-7b}"), load_plugins(), virtual_time=True)
+        assert gw._app is None
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=gw.app), base_url="http://gw"
+        ) as client:
+            return await client.get("/v1/models")
+
+    reply = asyncio.run(run())
+    assert reply.status_code == 200
+    assert [m["id"] for m in reply.json()["data"]] == ["m"]
