@@ -253,3 +253,38 @@ def test_decode_steps_are_step_time_to_the_last_bit() -> None:
                     assert steps == [cm.step_time(0, 0.0, seqs, kv + i * seqs, 0) for i in range(3, 40)]
                     checked += 1
     assert checked > 100
+
+
+def test_decode_steps_across_the_roofs_are_step_time_to_the_last_bit() -> None:
+    # Where the attention roof and the KV-read roof cross, and where the host roof binds, a
+    # leap may time its iterations as one expression only where every iteration takes the
+    # same branch: ranges of 1 to 60 iterations starting on both sides of the crossing (a
+    # few sequences' tokens from it), and a host roof set to bind mid-range, all give
+    # step_time's floats.
+    checked = 0
+    for hw_name in list_hardware():
+        hw = load_hardware(hw_name)
+        for model_name in list_models():
+            model = load_model(model_name)
+            try:
+                cm = CostModel(model, hw, 1)
+            except ValueError:
+                continue
+            if cm.host_token or cm._c_pair <= cm._m_kv:
+                continue
+            for d in (1, 5, 64):
+                cross = int(d * cm._m_kv / (cm._c_pair - cm._m_kv))
+                for kv in {max(0, cross + j * d + k) for j in range(-4, 4) for k in (-1, 0, 1)}:
+                    for host in (cm._host_seq, None):
+                        if host is None:  # binding at the middle of the longest range
+                            busy = cm.step_time(0, 0.0, d, kv + 30 * d, 0) - cm._fixed - d * cm._c_comm
+                            host = busy / d
+                        saved, cm._host_seq = cm._host_seq, host
+                        try:
+                            for stop in (1, 2, 3, 60):
+                                steps = cm.decode_steps(d, kv, 0, stop)
+                                assert steps == [cm.step_time(0, 0.0, d, kv + i * d, 0) for i in range(stop)]
+                                checked += 1
+                        finally:
+                            cm._host_seq = saved
+    assert checked > 1_000

@@ -28,6 +28,32 @@ def test_add_gaps_is_add_of_each_gap(seed: int) -> None:
     assert batch.quantile(0.99) == one.quantile(0.99)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_add_gaps_of_a_leap_is_add_of_each_gap(seed: int) -> None:
+    # A leap's gaps: nearly equal, slowly growing, each one a difference of running sums (so
+    # rounding makes them wobble), often all in one bucket, sometimes across a bucket's edge
+    # (where the shortcut must not be taken), and a jump down (a cut leap's next chunk).
+    rng = random.Random(seed)
+    one, batch = LogHistogram(), LogHistogram()
+    for _ in range(300):
+        edge = 1e-6 * 1.01 ** rng.randint(2_000, 3_000)  # about a bucket's edge (the growth's power)
+        step = edge * (1 + rng.choice([-1e-12, 0.0, 1e-12, rng.uniform(-0.02, 0.02)]))
+        growth = rng.choice([0.0, 1e-15, 1e-9, step * 1e-4])
+        t = [rng.uniform(0, 1e4)]
+        for i in range(rng.randint(1, 40)):
+            t.append(t[-1] + step + i * growth)
+        n = rng.randint(1, 300)
+        for i in range(1, len(t)):
+            one.add(t[i] - t[i - 1], n)
+        batch.add_gaps(t, 1, len(t), n)
+    assert (batch._counts, batch.count, batch.total, batch.max) == (
+        one._counts,
+        one.count,
+        one.total,
+        one.max,
+    )
+
+
 def test_add_each_is_add_to_each_histogram() -> None:
     rng = random.Random(7)
     ones = [LogHistogram() for _ in range(3)]

@@ -94,6 +94,9 @@ from shuniu.backends.sim.profiles import (
 
 __all__ = ["CostModel", "StepBreakdown", "jitter_factor"]
 
+_MARGIN = 1.0 + 1e-9
+"""A relative gap between two roofs far beyond any rounding (:meth:`CostModel.decode_steps`)."""
+
 
 def jitter_factor(rng: random.Random, sigma: float) -> float:
     """A lognormal factor of mean 1 and log-space standard deviation ``sigma`` (1 when
@@ -271,9 +274,23 @@ class CostModel:
         overhead = d * self._c_seq
         host = d * self._host_seq
         fixed, comm = self._fixed, d * self._c_comm
+        kvs = range(decode_kv_tokens + start * d, decode_kv_tokens + stop * d, d)
+        if not kvs:
+            return []
+        # The roof that binds at both ends of the range, by a margin no rounding reaches,
+        # binds all along it (both are linear in ``kv``); and float sums and products of
+        # positive numbers never decrease as ``kv`` grows, so a host time below the first
+        # iteration's is below every one's. Then each iteration is one expression (the same
+        # floats).
+        a0, a1 = kvs[0] * c_pair, kvs[-1] * c_pair
+        r0, r1 = (kvs[0] + d) * m_kv, (kvs[-1] + d) * m_kv
+        if a0 > r0 * _MARGIN and a1 > r1 * _MARGIN and host <= gemm + a0 + overhead:
+            return [gemm + kv * c_pair + overhead + fixed + comm for kv in kvs]
+        if r0 > a0 * _MARGIN and r1 > a1 * _MARGIN and host <= gemm + r0 + overhead:
+            return [gemm + (kv + d) * m_kv + overhead + fixed + comm for kv in kvs]
         steps = []
         append = steps.append
-        for kv in range(decode_kv_tokens + start * d, decode_kv_tokens + stop * d, d):
+        for kv in kvs:
             attn = kv * c_pair
             reads = (kv + d) * m_kv
             busy = gemm + (attn if attn > reads else reads) + overhead
