@@ -6,7 +6,7 @@ needs the next one or finishes. Touching every one of them whenever an iteration
 or a decode leap committed was most of the simulator's engine work. A :class:`Cohort` holds
 such sequences without touching them: an iteration advances its :attr:`~Cohort.tick`, and a
 member's token counts are its counts at the tick it joined plus the ticks since. The engine
-finds the members due for a block (to allocate, or to register once full) on a heap, and
+finds the members due for a block (to allocate, or to register once full) on a calendar by tick, and
 handles just those, in their running order among the sequences it handles one by one; a
 member about to finish leaves the cohort first, and finishes as any sequence does.
 
@@ -18,6 +18,8 @@ are those of the tick it joined (:meth:`Cohort.computed` gives the current count
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,7 +31,18 @@ __all__ = ["Cohort", "running_order"]
 class Cohort:
     """Decode-only sequences of one engine, advanced together."""
 
-    __slots__ = ("_blocks", "_ends", "_key", "block_size", "kv_base", "last", "members", "registers", "tick")
+    __slots__ = (
+        "_ends",
+        "_key",
+        "block_size",
+        "blocks",
+        "kv_base",
+        "last",
+        "members",
+        "next_tick",
+        "registers",
+        "tick",
+    )
 
     def __init__(self, block_size: int, registers: bool) -> None:
         self.block_size = block_size
@@ -43,10 +56,16 @@ class Cohort:
         self.kv_base = 0
         """The sum over members of ``prompt_len + output_count - synced`` (their counts as of
         joining), so that their tokens are ``kv_base + len(members) * tick``."""
-        self._blocks: list[tuple[int, int, int, Seq]] = []
-        """(the tick whose planned iteration first needs the member's next block or fills its
-        block, its running order, its key, the member); entries of members that left, or
-        that were handled and pushed again, are skipped by their key."""
+        self.blocks: dict[int, list[Seq]] = {}
+        """Tick → the members whose next block event comes with the iteration planned at it
+        (it first needs the member's next block, or fills its block): a calendar, since
+        every event is due within a block's worth of ticks (:meth:`push_block`). An entry
+        counts only while the member's ``cdue`` names its tick: those of members that left,
+        or were handled and pushed again, are skipped. The engine puts a run of members on
+        it in one go (``EngineCore._member_blocks``)."""
+        self.next_tick = 0
+        """No tick before this one has events left to hand out (lowered by whoever puts an
+        earlier one on the calendar)."""
         self._ends: list[tuple[int, int, int, Seq]] = []
         """(the tick whose planned iteration computes the member's last token, order, key,
         member)."""
@@ -78,17 +97,39 @@ class Cohort:
             fills = tick + (seq.num_hashed + 1) * bs - 1 - computed  # that one fills a block
             if fills < due:
                 due = fills
-        heapq.heappush(self._blocks, (due, seq.order, seq.ckey, seq))
+        self.push_block(seq, due)
+
+    def push_block(self, seq: Seq, due: int) -> None:
+        """Put a member's next block event, at tick ``due``, on the calendar."""
+        bucket = self.blocks.get(due)
+        if bucket is None:
+            self.blocks[due] = [seq]
+        else:
+            bucket.append(seq)
+        seq.cdue = due
+        if due < self.next_tick:
+            self.next_tick = due
 
     def due_blocks(self, limit: int) -> list[Seq]:
         """The members whose next block event comes at a tick up to ``limit``, taken off the
-        heap (the caller handles them and pushes them again), in running order."""
-        blocks = self._blocks
+        calendar (the caller handles them and pushes them again), in running order."""
+        start = self.next_tick
+        if limit < start:
+            return []
+        self.next_tick = limit + 1
+        blocks = self.blocks
         due: list[Seq] = []
-        while blocks and blocks[0][0] <= limit:
-            _, _, key, seq = heapq.heappop(blocks)
-            if seq.ckey == key:
-                due.append(seq)
+        if limit - start < len(blocks):
+            ticks: Iterable[int] = range(start, limit + 1)
+        else:  # a long leap: the ticks that have events, not every tick
+            ticks = [t for t in blocks if t <= limit]
+        for t in ticks:
+            bucket = blocks.pop(t, None)
+            if bucket is not None:
+                for seq in bucket:
+                    if seq.cdue == t:
+                        seq.cdue = -1
+                        due.append(seq)
         if len(due) > 1:
             due.sort(key=running_order)
         return due
@@ -104,7 +145,7 @@ class Cohort:
                 out.append(seq)
 
     def leave(self, seq: Seq) -> None:
-        """Let a member go, its counts brought up to date (its heap entries go stale)."""
+        """Let a member go, its counts brought up to date (its entries go stale)."""
         ahead = self.tick - seq.synced
         self.kv_base -= seq.prompt_len + seq.output_count - seq.synced
         if ahead:
@@ -112,10 +153,11 @@ class Cohort:
             seq.output_count += ahead
             seq.last_token_at = self.last
         seq.ckey = 0
+        seq.cdue = -1
         members = self.members
         members.remove(seq)
         if not members:
-            self._blocks.clear()
+            self.blocks.clear()
             self._ends.clear()
 
     def min_left(self) -> int:
@@ -137,6 +179,6 @@ class Cohort:
         return gone
 
 
-def running_order(seq: Seq) -> int:
-    """A running sequence's place in its engine's running order (the key to sort them by)."""
-    return seq.order
+running_order: Callable[[Seq], int] = attrgetter("order")
+"""A running sequence's place in its engine's running order (the key to sort them by; a
+getter in C, as it sorts on every plan)."""

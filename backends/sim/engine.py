@@ -26,6 +26,7 @@ import heapq
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Protocol
 
 from shuniu.backends.sim.cohort import Cohort, running_order
@@ -111,6 +112,7 @@ class Seq:
     __slots__ = (
         "arrival",
         "cached_tokens",
+        "cdue",
         "ckey",
         "done",
         "external_tokens",
@@ -190,6 +192,7 @@ class Seq:
         finishes, not in between."""
         self.order = 0  # when it (last) joined the running sequences: their order
         self.ckey = 0  # its key in the engine's cohort while a member, else 0
+        self.cdue = -1  # the tick of its next block event in the cohort, -1 if none pending
         self.synced = 0  # the cohort's tick when it joined
 
     @property
@@ -564,9 +567,6 @@ class EngineCore:
             for seq in due:
                 cohort.schedule_block(seq, seq.num_computed + tick - seq.synced, tick)
             return None
-        if due:
-            plan += [(seq, 0) for seq in due]  # n = 0 marks a member
-            plan.sort(key=_item_order)
         batch = Batch()
         items = batch.items
         register = cfg.caches_when_scheduled
@@ -574,13 +574,16 @@ class EngineCore:
         decode_kv = cohort.kv_base + members * tick
         prefill_tokens = 0
         prefill_attn = 0.0
+        # The members due for a block (one token each, as every member) in running order
+        # among the others: those between two planned sequences in one call.
+        done = 0
         for seq, n in plan:
-            member = not n  # a member due for a block: one token, as every member
-            if member:
-                nc = seq.num_computed + tick - seq.synced
-                n = 1
-            else:
-                nc = seq.num_computed
+            if done < len(due):
+                upto = bisect.bisect_left(due, seq.order, done, key=running_order)
+                if upto > done:
+                    self._member_blocks(due, done, upto, tick, 1, 1)  # counted above: they fit
+                    done = upto
+            nc = seq.num_computed
             held = seq.num_blocks
             if nc + n > held * bs:
                 extra = (nc + n + bs - 1) // bs - held
@@ -588,9 +591,6 @@ class EngineCore:
                 seq.num_blocks = held + extra
             if register and nc + n >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, (nc + n) // bs)
-            if member:
-                cohort.schedule_block(seq, nc, tick)
-                continue
             items.append((seq, n))
             total = seq.prompt_len + seq.output_count
             if total - nc == 1 and seq.output_count:
@@ -599,6 +599,8 @@ class EngineCore:
             else:
                 prefill_tokens += n
                 prefill_attn += n * (nc + n / 2)
+        if done < len(due):
+            self._member_blocks(due, done, len(due), tick, 1, 1)
         batch.decode_seqs = decode_seqs
         batch.decode_kv_tokens = decode_kv
         batch.prefill_tokens = prefill_tokens
@@ -810,7 +812,7 @@ class EngineCore:
         when = ends[stop - 1]
         cohort = self.cohort
         items = batch.items
-        work: list[tuple[Seq, int]] = items
+        due: list[Seq] = []
         if cohort.members:
             tick = cohort.tick
             leaving: list[Seq] = []
@@ -820,24 +822,25 @@ class EngineCore:
                 items.extend((seq, 1) for seq in leaving)
                 items.sort(key=_item_order)
             # Members due for a block in these iterations (or the next one's) are handled in
-            # place, in running order among the others.
+            # place, in running order among the others: those between two of the others in
+            # one call.
             due = cohort.due_blocks(tick + m + ahead - 1)
-            if due:
-                work = items + [(seq, 0) for seq in due]
-                work.sort(key=_item_order)
         live = len(cohort.members)
         first_gaps: dict[float, int] = {cohort.last: live} if live else {}
         finishing: list[Seq] = []
-        for seq, n in work:
-            member = not n  # a member: its blocks only (its counts are the cohort's)
-            if member:
-                nc = seq.num_computed + cohort.tick - seq.synced + m
-            elif seq.status != RUNNING:
+        reached = cohort.tick + m  # the cohort's tick after these iterations
+        done = 0
+        for seq, _ in items:
+            if done < len(due):
+                upto = bisect.bisect_left(due, seq.order, done, key=running_order)
+                if upto > done:
+                    self._member_blocks(due, done, upto, reached, ahead, 0)  # leap_length checked
+                    done = upto
+            if seq.status != RUNNING:
                 continue  # aborted meanwhile
-            else:
-                live += 1
-                nc = seq.num_computed + m
-                seq.num_computed = nc
+            live += 1
+            nc = seq.num_computed + m
+            seq.num_computed = nc
             held = seq.num_blocks
             if nc + ahead > held * bs:
                 extra = (nc + ahead + bs - 1) // bs - held
@@ -846,9 +849,6 @@ class EngineCore:
                 seq.num_blocks = held + extra
             if caching and nc >= (seq.num_hashed + 1) * bs:
                 self._register_full(seq, nc // bs)
-            if member:
-                cohort.schedule_block(seq, nc, cohort.tick + m)
-                continue
             last_at = seq.last_token_at
             first_gaps[last_at] = first_gaps.get(last_at, 0) + 1
             seq.last_token_at = when
@@ -858,6 +858,8 @@ class EngineCore:
                 finishing.append(seq)
             elif seq.waiter is not None:
                 _wake(seq, finished=False)
+        if done < len(due):
+            self._member_blocks(due, done, len(due), reached, ahead, 0)
         cohort.tick += m
         cohort.last = when
         if events is not None and pool.removed:
@@ -874,6 +876,56 @@ class EngineCore:
             self._finish(seq, when)
         if self._join_cohort(items):  # the leap goes on without them in its items
             items[:] = [item for item in items if not item[0].ckey]
+
+    def _member_blocks(
+        self, members: list[Seq], lo: int, hi: int, tick: int, ahead: int, fill_ahead: int
+    ) -> None:
+        """Cohort members ``members[lo:hi]`` (in running order) are due for a block event at
+        ``tick``, where each has ``nc`` tokens computed: hold blocks for ``nc + ahead``
+        tokens, register the full blocks of ``nc + fill_ahead`` (with prefix caching), and
+        put its next block event on the cohort's calendar (as :meth:`Cohort.schedule_block`).
+        One call for a run of them: this is the engine's commonest work, once per member and
+        block."""
+        bs = self.config.block_size
+        pool = self.pool
+        allocate = pool.allocate
+        cohort = self.cohort
+        registers = cohort.registers
+        publishing = self.kv_events is not None
+        calendar = cohort.blocks
+        earliest = cohort.next_tick
+        for i in range(lo, hi):
+            seq = members[i]
+            nc = seq.num_computed + tick - seq.synced
+            held = seq.num_blocks
+            if nc + ahead > held * bs:
+                extra = (nc + ahead + bs - 1) // bs - held
+                ok = allocate(extra)
+                assert ok, "the caller counted the free blocks"
+                held = seq.num_blocks = held + extra
+            due = tick + held * bs - nc  # that tick's iteration needs one block more
+            if registers:
+                hashed = seq.num_hashed
+                if nc + fill_ahead >= (hashed + 1) * bs:
+                    full = (nc + fill_ahead) // bs
+                    if publishing or len(seq.hashes) < full:
+                        self._register_full(seq, full)
+                    else:
+                        pool.register(seq, seq.hashes, hashed, full)
+                        seq.num_hashed = full
+                    hashed = full
+                fills = tick + (hashed + 1) * bs - 1 - nc  # that one fills a block
+                if fills < due:
+                    due = fills
+            bucket = calendar.get(due)
+            if bucket is None:
+                calendar[due] = [seq]
+            else:
+                bucket.append(seq)
+            seq.cdue = due
+            if due < earliest:
+                earliest = due
+        cohort.next_tick = earliest
 
     def _register_full(self, seq: Seq, full: int) -> None:
         """Make ``seq``'s first ``full`` blocks findable in the prefix cache (publishing them
@@ -1134,11 +1186,11 @@ class SimEngine:
                 factors.append(f)
                 t += step * f
                 ends.append(t)
-        else:
-            append = ends.append
-            for step in steps:
-                t += step
-                append(t)
+        elif steps:
+            timed = accumulate(steps, initial=t)  # t, then each end: the same sums in order
+            next(timed)
+            ends += timed
+            t = ends[-1]
         self.busy_time += t - start
 
     def _start_leap(self, batch: Batch, dt: float, factor: float, k: int) -> None:
