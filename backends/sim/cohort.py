@@ -92,9 +92,9 @@ class Cohort:
         """Push a member's next block event: it has ``computed`` tokens at ``tick`` and
         holds its blocks and registrations up to date for them."""
         bs = self.block_size
-        due = tick + seq.num_blocks * bs - computed  # that tick's iteration needs one block more
+        due = seq.alloc_tick = tick + seq.num_blocks * bs - computed
         if self.registers:
-            fills = tick + (seq.num_hashed + 1) * bs - 1 - computed  # that one fills a block
+            fills = seq.fill_tick = tick + (seq.num_hashed + 1) * bs - 1 - computed
             if fills < due:
                 due = fills
         self.push_block(seq, due)

@@ -110,12 +110,14 @@ class Seq:
     """One request inside the engine."""
 
     __slots__ = (
+        "alloc_tick",
         "arrival",
         "cached_tokens",
         "cdue",
         "ckey",
         "done",
         "external_tokens",
+        "fill_tick",
         "finished_at",
         "first_token_at",
         "hashes",
@@ -194,6 +196,10 @@ class Seq:
         self.ckey = 0  # its key in the engine's cohort while a member, else 0
         self.cdue = -1  # the tick of its next block event in the cohort, -1 if none pending
         self.synced = 0  # the cohort's tick when it joined
+        # While a cohort member: the cohort ticks whose planned iterations first need its
+        # next block, and fill its last (Cohort.schedule_block keeps them).
+        self.alloc_tick = 0
+        self.fill_tick = 0
 
     @property
     def finished(self) -> bool:
@@ -559,9 +565,9 @@ class EngineCore:
             budget -= n
         due = cohort.due_blocks(tick)
         for seq in due:
-            nc = seq.num_computed + tick - seq.synced
-            if nc + 1 > seq.num_blocks * bs:
-                blocks += (nc + bs) // bs - seq.num_blocks
+            late = tick + 1 - seq.alloc_tick  # ticks since the one needing its next block
+            if late > 0:
+                blocks += (late + bs - 1) // bs
         pool = self.pool
         if blocks > pool.available:  # someone is preempted: planned one by one
             for seq in due:
@@ -884,37 +890,50 @@ class EngineCore:
         ``tick``, where each has ``nc`` tokens computed: hold blocks for ``nc + ahead``
         tokens, register the full blocks of ``nc + fill_ahead`` (with prefix caching), and
         put its next block event on the cohort's calendar (as :meth:`Cohort.schedule_block`).
-        One call for a run of them: this is the engine's commonest work, once per member and
-        block."""
+        One call for a run of them, in ticks rather than tokens (fewer operations, each one
+        a new int): this is the engine's commonest work, once per member and block."""
         bs = self.config.block_size
         pool = self.pool
-        allocate = pool.allocate
+        allocate, register_one = pool.allocate, pool.register_one
         cohort = self.cohort
         registers = cohort.registers
         publishing = self.kv_events is not None
         calendar = cohort.blocks
         earliest = cohort.next_tick
+        room = pool.empty  # blocks this call may take without evicting any
+        taken = 0
         for i in range(lo, hi):
             seq = members[i]
-            nc = seq.num_computed + tick - seq.synced
-            held = seq.num_blocks
-            if nc + ahead > held * bs:
-                extra = (nc + ahead + bs - 1) // bs - held
-                ok = allocate(extra)
-                assert ok, "the caller counted the free blocks"
-                held = seq.num_blocks = held + extra
-            due = tick + held * bs - nc  # that tick's iteration needs one block more
+            # Ticks, not token counts (a member computes one token per tick): the iteration
+            # at `alloc_tick` needs its next block, the one at `fill_tick` fills its last.
+            due = seq.alloc_tick
+            at = tick + ahead
+            if at > due:
+                extra = 1 if at <= due + bs else (at - due + bs - 1) // bs
+                if extra <= room:  # evicts nothing: taken in one allocation at the end
+                    room -= extra
+                    taken += extra
+                else:  # may evict: in its place among the registrations
+                    ok = allocate(taken) and allocate(extra)
+                    assert ok, "the caller counted the free blocks"
+                    room = taken = 0
+                seq.num_blocks += extra
+                due = seq.alloc_tick = due + extra * bs
             if registers:
-                hashed = seq.num_hashed
-                if nc + fill_ahead >= (hashed + 1) * bs:
-                    full = (nc + fill_ahead) // bs
-                    if publishing or len(seq.hashes) < full:
+                fills = seq.fill_tick
+                at = tick + fill_ahead
+                if at > fills:
+                    k = 1 if at <= fills + bs else (at - fills + bs - 1) // bs  # blocks filled
+                    hashed = seq.num_hashed
+                    full = hashed + k
+                    hashes = seq.hashes
+                    if publishing or len(hashes) < full:
                         self._register_full(seq, full)
                     else:
-                        pool.register(seq, seq.hashes, hashed, full)
+                        if k > 1 or not register_one(seq, hashes[hashed]):
+                            pool.register(seq, hashes, hashed, full)
                         seq.num_hashed = full
-                    hashed = full
-                fills = tick + (hashed + 1) * bs - 1 - nc  # that one fills a block
+                    fills = seq.fill_tick = fills + k * bs
                 if fills < due:
                     due = fills
             bucket = calendar.get(due)
@@ -925,6 +944,8 @@ class EngineCore:
             seq.cdue = due
             if due < earliest:
                 earliest = due
+        if taken:
+            allocate(taken)
         cohort.next_tick = earliest
 
     def _register_full(self, seq: Seq, full: int) -> None:

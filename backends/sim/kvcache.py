@@ -97,6 +97,11 @@ class BlockPool:
         return self._free + self._idle_blocks
 
     @property
+    def empty(self) -> int:
+        """Blocks holding nothing: an allocation of no more than these evicts nothing."""
+        return self._free
+
+    @property
     def cached(self) -> int:
         """Blocks a look-up can find (in use or not)."""
         return len(self._findable)
@@ -196,6 +201,25 @@ class BlockPool:
                 self._findable.difference_update(gone)
                 if removed is not None:
                     removed.extend(reversed(gone))  # tail first, as they were evicted
+
+    def register_one(self, holder: Holder, h: int) -> bool:
+        """:meth:`register` of ``holder``'s next block alone (prefix caching on, no events
+        collected), with content ``h``: a decode's commonest registration, without the
+        slicing. ``False``, and nothing done, when another block holds ``h`` already."""
+        findable = self._findable
+        if h in findable:
+            return False
+        findable.add(h)
+        runs = holder.runs
+        if runs:
+            last = runs[-1]
+            if last.findable and len(last.holders) == 1:
+                last.hashes.append(h)
+                return True
+        last = Run([h], {holder}, True)
+        runs.append(last)
+        self._heads[h] = last
+        return True
 
     def register(
         self,
