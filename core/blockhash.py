@@ -9,6 +9,7 @@ tuples of ints hash the same in every process, so the gateways of a fleet agree.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 __all__ = ["PrefixChain", "common_length", "extend_chain"]
@@ -19,7 +20,11 @@ def extend_chain(chain: list[int], ids: Sequence[int], block: int, stop: int) ->
     its blocks up to block ``stop`` (exclusive); returns ``chain``."""
     h = chain[-1] if chain else block
     append = chain.append
-    for start in range(len(chain) * block, stop * block, block):
+    lo, hi = len(chain) * block, stop * block
+    if isinstance(ids, array):  # its ids made into ints once, not once per block's tuple
+        ids = ids[lo:hi].tolist()
+        lo, hi = 0, hi - lo
+    for start in range(lo, hi, block):
         h = hash((h, tuple(ids[start : start + block])))
         append(h)
     return chain

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from array import array
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,17 @@ def test_a_conversation_chain_matches_hashing_each_turn_from_scratch() -> None:
         for block in (16, 32):
             assert chain.hashes(prompt, block, len(prompt)) == _fresh(prompt, block)
         prompt = prompt + synthetic_ids(100 + turn, 50 + 7 * turn)  # the next turn starts with this one
+
+
+def test_a_compact_array_of_ids_hashes_as_its_list() -> None:
+    # Workloads keep prompts as array('H'); the chain must not depend on the container,
+    # from the start or continued from any block.
+    ids = synthetic_ids(3, 300)
+    compact = array("H", ids)
+    for block in (1, 16, 64):
+        for have in (0, 1, 5):
+            want = _fresh(ids, block)
+            assert extend_chain(want[:have], compact, block, len(ids) // block) == want
 
 
 def test_a_shared_system_prompt_is_remembered_but_not_the_rest() -> None:

@@ -120,10 +120,12 @@ class _TieTimer(asyncio.TimerHandle):
 
 
 class _StockTurnLoop(VirtualClockLoop):
-    """The reference: asyncio's own loop turn and call_soon, the same clock and tie order."""
+    """The reference: asyncio's own loop turn, call_soon and call_later, the same clock and
+    tie order."""
 
     _run_once = asyncio.BaseEventLoop._run_once  # type: ignore[assignment]
     call_soon = asyncio.BaseEventLoop.call_soon  # type: ignore[assignment]
+    call_later = asyncio.BaseEventLoop.call_later  # type: ignore[assignment]
 
     def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
         timer = _TieTimer(next(self._order), when, callback, args, self, context)

@@ -410,8 +410,11 @@ class EngineCore:
             h = hash((h, tuple(self._all_tokens(seq, b * bs, (b + 1) * bs))))
             append(h)
             b += 1
-        outs = self._output_ids(seq, full * bs - p)
-        for start in range(b * bs - p, full * bs - p, bs):  # blocks of output only
+        lo, hi = b * bs - p, full * bs - p
+        outs = self._output_ids(seq, hi)[lo:hi]
+        if not isinstance(outs, list):  # an array's ids made into ints once, not per slice
+            outs = outs.tolist()
+        for start in range(0, hi - lo, bs):  # blocks of output only
             h = hash((h, tuple(outs[start : start + bs])))
             append(h)
 

@@ -102,6 +102,9 @@ async def _run(
     ]
     inflight: dict[int, asyncio.Task[None]] = {}
     """The requests started and not finished, by number (each takes itself out)."""
+    principals: dict[tuple[str, str], Principal] = {}
+    """(tenant, tier) → its principal: one object per credential, as authenticators hand
+    them out (the tenancy's per-principal plan is found by it)."""
     homes: dict[str, int] = {}
     """``split="tenants"``: tenant → its gateway, in turn by first appearance."""
     block_of = {name: _block_size(pool) for name, pool in gateway.routes.items()}
@@ -131,6 +134,9 @@ async def _run(
         model = getattr(spec, "model", None) or default_model
         pool = pools[model]
         now = loop.time()
+        principal = principals.get((spec.tenant, spec.tier))
+        if principal is None:
+            principal = principals[spec.tenant, spec.tier] = Principal(tenant=spec.tenant, tier=spec.tier)
         req = InferenceRequest(
             id=f"sim-{n}",
             api="chat" if getattr(spec, "kind", "chat") == "chat" else "completions",
@@ -143,7 +149,7 @@ async def _run(
             ignore_eos=True,
             arrival=now,
             priority=spec.priority,
-            principal=Principal(tenant=spec.tenant, tier=spec.tier),
+            principal=principal,
             token_ids=spec.prompt,
         )
         key = spec.chain_key

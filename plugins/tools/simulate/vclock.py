@@ -120,6 +120,17 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         heapq.heappush(self._scheduled, (when, next(self._order), timer))  # type: ignore[arg-type]
         return timer
 
+    def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+        # call_at's body (asyncio's call_later is a Python-level call more per timer).
+        if delay is None:
+            raise TypeError("delay must not be None")
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        when = self._now + delay
+        timer = _Timer(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, (when, next(self._order), timer))  # type: ignore[arg-type]
+        return timer
+
     def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         # As asyncio's own call_soon, without its debug checks (the loop runs one per callback).
         if self._closed:
