@@ -917,9 +917,12 @@ class EngineCore:
                     room -= extra
                     taken += extra
                 else:  # may evict: in its place among the registrations
-                    ok = allocate(taken) and allocate(extra)
+                    if taken:
+                        allocate(taken)
+                        taken = 0
+                    ok = allocate(extra)
                     assert ok, "the caller counted the free blocks"
-                    room = taken = 0
+                    room = 0
                 seq.num_blocks += extra
                 due = seq.alloc_tick = due + extra * bs
             if registers:
