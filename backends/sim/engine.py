@@ -905,14 +905,19 @@ class EngineCore:
         earliest = cohort.next_tick
         room = pool.empty  # blocks this call may take without evicting any
         taken = 0
-        for i in range(lo, hi):
-            seq = members[i]
+        # A member whose next block is first needed at a tick before `alloc_at` needs it now
+        # (one block unless it was needed a block's worth of ticks before `alloc_at` or
+        # more); likewise a block it fills at a tick before `fill_at` is full.
+        alloc_at = tick + ahead
+        one_alloc = alloc_at - bs
+        fill_at = tick + fill_ahead
+        one_fill = fill_at - bs
+        for seq in members[lo:hi]:
             # Ticks, not token counts (a member computes one token per tick): the iteration
             # at `alloc_tick` needs its next block, the one at `fill_tick` fills its last.
             due = seq.alloc_tick
-            at = tick + ahead
-            if at > due:
-                extra = 1 if at <= due + bs else (at - due + bs - 1) // bs
+            if due < alloc_at:
+                extra = 1 if due >= one_alloc else (alloc_at - due + bs - 1) // bs
                 if extra <= room:  # evicts nothing: taken in one allocation at the end
                     room -= extra
                     taken += extra
@@ -927,9 +932,8 @@ class EngineCore:
                 due = seq.alloc_tick = due + extra * bs
             if registers:
                 fills = seq.fill_tick
-                at = tick + fill_ahead
-                if at > fills:
-                    k = 1 if at <= fills + bs else (at - fills + bs - 1) // bs  # blocks filled
+                if fills < fill_at:
+                    k = 1 if fills >= one_fill else (fill_at - fills + bs - 1) // bs  # blocks filled
                     hashed = seq.num_hashed
                     full = hashed + k
                     hashes = seq.hashes
