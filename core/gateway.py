@@ -166,7 +166,6 @@ class Gateway:
         self._virtual_time = virtual_time
         self._app_parts = (list(extra_routes), peers, batch_store)
         self._app: Dispatch | None = None
-        self._litestar: Any = None
         if not virtual_time:
             self._build_app()  # a route that cannot be built fails here, at start-up
         if batch_store is not None:
@@ -177,7 +176,7 @@ class Gateway:
 
     def _build_app(self) -> Dispatch:
         extra_routes, peers, batch_store = self._app_parts
-        self._litestar = build_app(
+        litestar = build_app(
             path=self.path,
             state=self.state,
             ops=self.operations,
@@ -192,7 +191,7 @@ class Gateway:
             fleet=self.fleet,
             batch_store=batch_store,
         )
-        self._app = Dispatch(self.path, self._litestar, peers)
+        self._app = Dispatch(self.path, litestar, peers)
         return self._app
 
     @property
@@ -205,9 +204,7 @@ class Gateway:
     @property
     def litestar(self) -> Any:
         """The Litestar application behind :attr:`app` (its routes beyond the request path)."""
-        if self._litestar is None:
-            self._build_app()
-        return self._litestar
+        return self.app.litestar
 
     # -- what the CLI, the simulator and tests read ---------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -237,21 +238,11 @@ def test_decode_steps_are_step_time_to_the_last_bit() -> None:
     # cores, compute- and memory-bound batches): a leap timed in one call must take the
     # very floats that timing its iterations one by one takes, or leaps and stepping part.
     checked = 0
-    for hw_name in list_hardware():
-        hw = load_hardware(hw_name)
-        for model_name in list_models():
-            model = load_model(model_name)
-            for tp, pp in ((1, 1), (2, 1), (8, 1), (1, 2)):
-                if tp > hw.max_tensor_parallel or tensor_parallel_problem(model, tp) is not None:
-                    continue
-                try:
-                    cm = CostModel(model, hw, tp, pp=pp)
-                except ValueError:
-                    continue
-                for seqs, kv in ((1, 17), (7, 3_001), (64, 90_000), (512, 2_000_000)):
-                    steps = cm.decode_steps(seqs, kv, 3, 40)
-                    assert steps == [cm.step_time(0, 0.0, seqs, kv + i * seqs, 0) for i in range(3, 40)]
-                    checked += 1
+    for cm in _cost_models(((1, 1), (2, 1), (8, 1), (1, 2))):
+        for seqs, kv in ((1, 17), (7, 3_001), (64, 90_000), (512, 2_000_000)):
+            steps = cm.decode_steps(seqs, kv, 3, 40)
+            assert steps == [cm.step_time(0, 0.0, seqs, kv + i * seqs, 0) for i in range(3, 40)]
+            checked += 1
     assert checked > 100
 
 
@@ -262,29 +253,39 @@ def test_decode_steps_across_the_roofs_are_step_time_to_the_last_bit() -> None:
     # few sequences' tokens from it), and a host roof set to bind mid-range, all give
     # step_time's floats.
     checked = 0
+    for cm in _cost_models(((1, 1),)):
+        if cm.host_token or cm._c_pair <= cm._m_kv:
+            continue
+        for d in (1, 5, 64):
+            cross = int(d * cm._m_kv / (cm._c_pair - cm._m_kv))
+            for kv in {max(0, cross + j * d + k) for j in range(-4, 4) for k in (-1, 0, 1)}:
+                for host in (cm._host_seq, None):
+                    if host is None:  # binding at the middle of the longest range
+                        busy = cm.step_time(0, 0.0, d, kv + 30 * d, 0) - cm._fixed - d * cm._c_comm
+                        host = busy / d
+                    saved, cm._host_seq = cm._host_seq, host
+                    try:
+                        for stop in (1, 2, 3, 60):
+                            steps = cm.decode_steps(d, kv, 0, stop)
+                            assert steps == [cm.step_time(0, 0.0, d, kv + i * d, 0) for i in range(stop)]
+                            checked += 1
+                    finally:
+                        cm._host_seq = saved
+    assert checked > 1_000
+
+
+def _cost_models(splits: tuple[tuple[int, int], ...]) -> Iterator[CostModel]:
+    """A cost model for every hardware and model profile pair, at each (TP, PP) of ``splits``
+    that the pair can run."""
     for hw_name in list_hardware():
         hw = load_hardware(hw_name)
         for model_name in list_models():
             model = load_model(model_name)
-            try:
-                cm = CostModel(model, hw, 1)
-            except ValueError:
-                continue
-            if cm.host_token or cm._c_pair <= cm._m_kv:
-                continue
-            for d in (1, 5, 64):
-                cross = int(d * cm._m_kv / (cm._c_pair - cm._m_kv))
-                for kv in {max(0, cross + j * d + k) for j in range(-4, 4) for k in (-1, 0, 1)}:
-                    for host in (cm._host_seq, None):
-                        if host is None:  # binding at the middle of the longest range
-                            busy = cm.step_time(0, 0.0, d, kv + 30 * d, 0) - cm._fixed - d * cm._c_comm
-                            host = busy / d
-                        saved, cm._host_seq = cm._host_seq, host
-                        try:
-                            for stop in (1, 2, 3, 60):
-                                steps = cm.decode_steps(d, kv, 0, stop)
-                                assert steps == [cm.step_time(0, 0.0, d, kv + i * d, 0) for i in range(stop)]
-                                checked += 1
-                        finally:
-                            cm._host_seq = saved
-    assert checked > 1_000
+            for tp, pp in splits:
+                if tp > hw.max_tensor_parallel or tensor_parallel_problem(model, tp) is not None:
+                    continue
+                try:
+                    cm = CostModel(model, hw, tp, pp=pp)
+                except ValueError:
+                    continue
+                yield cm

@@ -203,9 +203,9 @@ class BlockPool:
                     removed.extend(reversed(gone))  # tail first, as they were evicted
 
     def register_one(self, holder: Holder, h: int) -> bool:
-        """:meth:`register` of ``holder``'s next block alone (prefix caching on, no events
-        collected), with content ``h``: a decode's commonest registration, without the
-        slicing. ``False``, and nothing done, when another block holds ``h`` already."""
+        """:meth:`register` of ``holder``'s next block alone (prefix caching on), with content
+        ``h``: a decode's commonest registration, without the slicing. ``False``, and nothing
+        done, when another block holds ``h`` already (then :meth:`register` sorts it out)."""
         findable = self._findable
         if h in findable:
             return False
@@ -235,21 +235,13 @@ class BlockPool:
         ``stored``, append each stretch ``(first, stop)`` of them that became findable."""
         if not self.caching or start >= stop:
             return
-        findable = self._findable
-        runs = holder.runs
-        last = runs[-1] if runs else None
-        if stop - start == 1 and hashes[start] not in findable:  # the commonest: a decode's block
-            h = hashes[start]
-            findable.add(h)
-            if last is not None and last.findable and len(last.holders) == 1:
-                last.hashes.append(h)
-            else:
-                last = Run([h], {holder}, True)
-                runs.append(last)
-                self._heads[h] = last
+        if stop - start == 1 and self.register_one(holder, hashes[start]):  # the commonest
             if stored is not None:
                 stored.append((start, stop))
             return
+        findable = self._findable
+        runs = holder.runs
+        last = runs[-1] if runs else None
         new = hashes[start:stop]
         if findable.isdisjoint(new):  # the common case: all new to the cache
             findable.update(new)

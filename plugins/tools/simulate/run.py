@@ -275,8 +275,8 @@ async def _run(
     first = next(requests, None)
     if first is None:
         arrived.set_result(0)
-    elif first.arrival - loop.time() > 0:
-        loop.call_later(first.arrival - loop.time(), arrive, first, 0)
+    elif (delay := first.arrival - loop.time()) > 0:
+        loop.call_later(delay, arrive, first, 0)
     else:
         arrive(first, 0)
     n = await arrived
