@@ -1,4 +1,5 @@
-"""Coarse timers for limits that almost never fire: one event-loop timer for many of them.
+"""Timers for limits: coarse ones that almost never fire (one event-loop timer for many of
+them), and a wait's time limit that needs no task of its own.
 
 A limit of seconds or minutes on every request (an attempt's time to its first output, an
 engine call's total time) is armed and disarmed once per request and fires almost never.
@@ -12,9 +13,9 @@ while any is armed: arming is a set insert, disarming a set removal.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["COARSE_FROM_S", "Expiring", "TimerWheel"]
+__all__ = ["COARSE_FROM_S", "TIMED_OUT", "Expiring", "TimerWheel", "cancel_at", "timed_out"]
 
 COARSE_FROM_S = 5.0
 """Limits this long or longer may be kept by a :class:`TimerWheel` (at most two of its
@@ -70,3 +71,31 @@ class TimerWheel:
                 item.expire()
         if self.buckets:
             self.handle = self.loop.call_later(self.tick_s, self._sweep)
+
+
+TIMED_OUT = "the wait's time limit passed"
+"""The message of a future cancelled by :func:`cancel_at` (checked by identity)."""
+
+
+def cancel_at(
+    loop: asyncio.AbstractEventLoop, when: float, future: asyncio.Future[Any]
+) -> asyncio.TimerHandle:
+    """Cancel ``future`` with :data:`TIMED_OUT` at ``when`` (the loop's clock) unless it is
+    done by then; cancel the returned handle once the wait is over.
+
+    What ``async with asyncio.timeout_at(when): await future`` does, but without the task
+    that ``asyncio.timeout`` needs: a scheduler's ``admit`` waits this way, so that the
+    simulator can step it without a task per request
+    (:class:`~shuniu.core.contracts.Scheduler`). The waiter sees a
+    :class:`asyncio.CancelledError` for which :func:`timed_out` is true."""
+    return loop.call_at(when, _cancel_if_pending, future)
+
+
+def timed_out(exc: asyncio.CancelledError) -> bool:
+    """Whether ``exc`` is the cancellation of a wait by :func:`cancel_at` (not of the task)."""
+    return bool(exc.args) and exc.args[0] is TIMED_OUT
+
+
+def _cancel_if_pending(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.cancel(TIMED_OUT)

@@ -352,3 +352,62 @@ def test_a_virtual_clock_gateway_builds_its_web_app_on_first_use() -> None:
     reply = asyncio.run(run())
     assert reply.status_code == 200
     assert [m["id"] for m in reply.json()["data"]] == ["m"]
+
+
+QUEUED = """
+name: queued
+duration_s: 40
+streams:
+  - arrival: {rate: 12}
+    input_tokens: 256
+    output_tokens: 120
+"""
+
+
+def test_a_scheduler_that_needs_a_task_runs_as_one_that_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in schedulers' admissions are stepped without a task per request
+    (``steps_without_task``); one without that mark gets a task for its admission, a loop
+    turn later. On a queue that fills, times out and refuses, both give the same run."""
+    from shuniu.plugins.schedulers.fifo import FifoScheduler
+
+    extra = "scheduler: {policy: fifo, options: {max_wait_s: 1.5, max_queue: 12}}"
+    runs = []
+    for steps in (True, False):
+        monkeypatch.setattr(FifoScheduler, "steps_without_task", steps)
+        resolved = _deployment("{ttft_ms: 10, tokens_per_s: 40}", replicas=2, extra=extra, slots=4)
+        runs.append(
+            simulate(resolved, load_plugins(), load_workload("queued", text=QUEUED), duration=40).summary()
+        )
+    stepped, tasked = runs
+    assert stepped["rejected_by_code"].get("queue_timeout") and stepped["rejected_by_code"].get("queue_full")
+    assert stepped["requests_completed"] > 100
+    for key in (
+        "requests_arrived",
+        "requests_completed",
+        "rejected_by_code",
+        "ttft_p50",
+        "ttft_p99",
+        "e2e_p99",
+    ):
+        assert stepped[key] == tasked[key], key
+
+
+def test_a_request_whose_own_code_breaks_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a refusal or an engine failure (those are counted): a bug, which a task per
+    request used to swallow."""
+    from shuniu.plugins.balancers.round_robin import RoundRobin
+
+    calls = 0
+    pick = RoundRobin.pick
+
+    def broken(self, req, endpoints):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 20:
+            raise KeyError("a balancer's bug")
+        return pick(self, req, endpoints)
+
+    monkeypatch.setattr(RoundRobin, "pick", broken)
+    resolved = _deployment("{ttft_ms: 10, tokens_per_s: 50}", extra="balancer: {policy: round_robin}")
+    with pytest.raises(KeyError, match="a balancer's bug"):
+        simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
+import json
 import random
 from typing import Any
 
 import pytest
 
+from shuniu.core.api.openai import parse_request
+from shuniu.core.contracts import BackendBase
+from shuniu.core.errors import GatewayError
+from shuniu.core.pools.pool import EndpointState, Pool
+from shuniu.core.types import Outcome
+from shuniu.plugins.balancers.round_robin import RoundRobin
+from shuniu.plugins.schedulers.fifo import FifoOptions, FifoScheduler
+from shuniu.plugins.schedulers.priority import PriorityOptions, PriorityScheduler
 from shuniu.plugins.tools.simulate import run_virtual
-from shuniu.plugins.tools.simulate.vclock import VirtualClockLoop
+from shuniu.plugins.tools.simulate.vclock import Stepper, VirtualClockLoop
 
 
 def test_sleeps_cost_no_wall_time_and_keep_order() -> None:
@@ -187,3 +197,138 @@ def test_the_loop_turn_runs_what_asyncios_own_turn_runs_in_the_same_order(seed: 
             loop.close()
     assert len(logs[0]) > 200
     assert logs[0] == logs[1]
+
+
+def _stepped_program(loop: asyncio.AbstractEventLoop, seed: int, stepped: bool) -> list[tuple[float, str]]:
+    """Workers that sleep (zero included), wait on futures other workers resolve, get
+    cancelled while waiting and fail; each run by a task or by a :class:`Stepper` started
+    where the task's first step would run. The log of what ran when, and how each ended."""
+    rng = random.Random(seed)
+    log: list[tuple[float, str]] = []
+    futures = [loop.create_future() for _ in range(8)]
+
+    async def worker(i: int) -> str:
+        try:
+            for step in range(30):
+                op = rng.random()
+                if op < 0.4:
+                    await asyncio.sleep(rng.choice((0, 0, 0.001, 0.25, 1.0)))
+                elif op < 0.6 and not futures[i].done():
+                    futures[i].set_result(step)
+                elif op < 0.8:
+                    got = await futures[(i + 1) % len(futures)]
+                    log.append((loop.time(), f"w{i} got {got}"))
+                elif op < 0.81:
+                    raise ValueError(f"w{i} failed at {step}")
+                log.append((loop.time(), f"w{i} {step}"))
+        except asyncio.CancelledError:
+            log.append((loop.time(), f"w{i} cancelled"))
+            raise
+        return f"w{i} done"
+
+    def ended(i: int, value: Any, exc: BaseException | None) -> None:
+        log.append((loop.time(), f"w{i} ended {value!r} {type(exc).__name__}"))
+
+    async def then(coro: Any, done: Any) -> None:
+        # The task's way: what follows the awaited coroutine runs in the same step.
+        try:
+            value = await coro
+        except BaseException as exc:
+            done(None, exc)
+        else:
+            done(value, None)
+
+    async def main() -> None:
+        handles: list[Any] = []
+        for i in range(len(futures)):
+            if stepped:
+                stepper = Stepper(worker(i), functools.partial(ended, i))
+                loop.call_soon(stepper.start)  # where a new task's first step runs
+                handles.append(stepper)
+            else:
+                handles.append(loop.create_task(then(worker(i), functools.partial(ended, i))))
+        await asyncio.sleep(0.6)
+        for handle in handles[::3]:
+            handle.cancel()  # most are waiting on a future or a sleep by now
+        await asyncio.sleep(30)
+        for f in futures:
+            if not f.done():
+                f.set_result(-1)
+        await asyncio.sleep(30)
+
+    loop.run_until_complete(main())
+    return log
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stepper_runs_a_coroutine_where_and_when_its_task_would(seed: int) -> None:
+    logs = []
+    for stepped in (True, False):
+        loop = VirtualClockLoop()
+        asyncio.set_event_loop(loop)
+        try:
+            logs.append(_stepped_program(loop, seed, stepped))
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    ends = [line for _, line in logs[0] if " ended " in line]
+    assert len(ends) == 8 and any("CancelledError" in e for e in ends) and any("'w" in e for e in ends)
+    assert logs[0] == logs[1]
+
+
+def _queue(kind: str, max_wait_s: float) -> Pool:
+    endpoints = [EndpointState("e0", BackendBase(), max_concurrency=1)]
+    if kind == "fifo":
+        scheduler: Any = FifoScheduler(FifoOptions(max_wait_s=max_wait_s))
+    else:
+        scheduler = PriorityScheduler(PriorityOptions(max_wait_s=max_wait_s))
+    return Pool("m", endpoints, RoundRobin(), scheduler)  # type: ignore[arg-type]
+
+
+def _chat(i: int) -> Any:
+    body = {"model": "m", "messages": [{"role": "user", "content": str(i)}]}
+    return parse_request(json.dumps(body).encode(), "chat", f"r{i}", 0.0)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "priority"])
+def test_a_schedulers_admission_waits_and_times_out_without_a_task(kind: str) -> None:
+    """``steps_without_task``: the simulator steps a queued admission with a Stepper; its
+    time limit, a slot handed over and a cancelled wait all work there."""
+    outcomes: dict[str, tuple[float, Any, BaseException | None]] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        pool = _queue(kind, max_wait_s=2.0)
+        scheduler = pool.scheduler
+        assert scheduler.steps_without_task  # type: ignore[attr-defined]
+        held = await scheduler.admit(_chat(0), pool)
+
+        def admit(name: str, i: int) -> Stepper:
+            def done(value: Any, exc: BaseException | None) -> None:
+                outcomes[name] = (loop.time(), value, exc)
+
+            stepper = Stepper(scheduler.admit(_chat(i), pool), done)
+            stepper.start()
+            return stepper
+
+        admit("times out", 1)
+        await asyncio.sleep(1.0)
+        handed = admit("handed the slot", 2)
+        cancelled = admit("cancelled", 3)
+        await asyncio.sleep(1.5)  # the first one's limit passed at 2.0
+        scheduler.release(held, Outcome.OK)  # the slot goes to the next waiter
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        await asyncio.sleep(0.1)
+        assert handed is not None
+        scheduler.release(outcomes["handed the slot"][1], Outcome.OK)
+        assert scheduler.queued == 0  # type: ignore[attr-defined]
+        assert pool.endpoints[0].in_flight == 0
+
+    run_virtual(main())
+    when, _, exc = outcomes["times out"]
+    assert when == 2.0 and isinstance(exc, GatewayError) and exc.code == "queue_timeout"
+    when, ticket, exc = outcomes["handed the slot"]
+    assert when == 2.5 and exc is None and ticket.endpoint.name == "e0"
+    when, _, exc = outcomes["cancelled"]
+    assert when == 2.6 and isinstance(exc, asyncio.CancelledError)

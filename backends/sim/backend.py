@@ -96,12 +96,19 @@ class SimBackend(BackendBase):
         """Run an engine-level sequence to its end (``shuniu simulate``), faults included."""
         if self.faults is not None:
             await self.faults.before_request()
-        seq.done = asyncio.get_running_loop().create_future()
-        seq.per_token = False  # only its end is awaited: the engine may advance it in aggregate
-        self.engine.submit(seq)
-        await seq.done
+        await self.submit_seq(seq)
         if seq.output_count < seq.max_output and self.faults is not None and self.faults.crashed:
             raise self.faults.down()
+
+    def submit_seq(self, seq: Seq) -> asyncio.Future[None]:
+        """Hand an engine-level sequence to the engine now; the future is done when it ends
+        (cancelled: the caller gave up). :meth:`run_seq` without its coroutine, for a
+        backend that injects no faults (``faults is None``): the simulator's driver runs
+        its requests on callbacks. ``ValueError``: the sequence can never fit."""
+        seq.done = done = asyncio.get_running_loop().create_future()
+        seq.per_token = False  # only its end is awaited: the engine may advance it in aggregate
+        self.engine.submit(seq)
+        return done
 
     async def load(self) -> EndpointLoad:
         return self.engine.load()

@@ -26,7 +26,14 @@ _NONE: Mapping[str, int] = {}
 
 
 class Scheduler(Protocol):
-    """Owns a pool's queue: decides which waiting request is dispatched next."""
+    """Owns a pool's queue: decides which waiting request is dispatched next.
+
+    A scheduler class may set ``steps_without_task = True`` when :meth:`admit` needs no
+    task of its own (it uses neither ``asyncio.timeout`` nor ``asyncio.current_task``: it
+    limits a wait with :func:`shuniu.core.timers.cancel_at`). ``shuniu simulate`` then runs
+    the admission on callbacks, as a task would step it, instead of with a task per request
+    (the built-in schedulers do); otherwise it gives each admission a task, a loop turn
+    later than the request's arrival."""
 
     async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
         """Wait until the request may start and return its ticket, or raise

@@ -12,6 +12,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
+from shuniu.core.timers import cancel_at, timed_out
 from shuniu.core.types import InferenceRequest, Outcome
 
 __all__ = ["FifoOptions", "FifoScheduler"]
@@ -34,6 +35,8 @@ class _Waiter:
 
 class FifoScheduler(Scheduler):
     """Dispatches at once while an endpoint has a free slot; otherwise queues in order."""
+
+    steps_without_task = True  # admit waits on a timer of its own (core.timers.cancel_at)
 
     def __init__(self, options: FifoOptions | None = None) -> None:
         self.options = options or FifoOptions()
@@ -61,28 +64,32 @@ class FifoScheduler(Scheduler):
             )
         waiter = _Waiter(req, loop.create_future())
         self._queue.append(waiter)
+        future = waiter.future
+        # A timer that cancels the wait, not asyncio.timeout: admit then needs no task (the
+        # simulator steps it without one); not wait_for, which on 3.11 can lose a racing
+        # cancellation.
+        limit_timer = cancel_at(loop, loop.time() + self.options.max_wait_s, future)
         try:
-            # asyncio.timeout, not wait_for, which on 3.11 can lose a racing cancellation.
-            async with asyncio.timeout(self.options.max_wait_s):
-                return await waiter.future
-        except TimeoutError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                return waiter.future.result()  # dispatched at the very last moment
-            waiter.future.cancel()
-            raise GatewayError(
-                503,
-                f"No endpoint of `{pool.name}` could take the request within {self.options.max_wait_s:g} s.",
-                type="server_error",
-                code="queue_timeout",
-                headers={"retry-after": str(max(1, math.ceil(self.options.max_wait_s / 10)))},
-            ) from None
-        except asyncio.CancelledError:
-            # The client left while queued. If a slot was handed over meanwhile, give it back.
-            if waiter.future.done() and not waiter.future.cancelled():
-                self.release(waiter.future.result(), Outcome.CANCELLED)
-            else:
-                waiter.future.cancel()
-            raise
+            return await future
+        except asyncio.CancelledError as exc:
+            if not timed_out(exc):
+                # The client left while queued. If a slot was handed over meanwhile, give it back.
+                if future.done() and not future.cancelled():
+                    self.release(future.result(), Outcome.CANCELLED)
+                else:
+                    future.cancel()
+                raise
+        finally:
+            limit_timer.cancel()
+        # The time limit passed (a slot handed over at that very moment was taken: the timer
+        # only cancels a wait still pending).
+        raise GatewayError(
+            503,
+            f"No endpoint of `{pool.name}` could take the request within {self.options.max_wait_s:g} s.",
+            type="server_error",
+            code="queue_timeout",
+            headers={"retry-after": str(max(1, math.ceil(self.options.max_wait_s / 10)))},
+        ) from None
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
         if ticket.pool.free(ticket, outcome):

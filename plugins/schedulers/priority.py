@@ -35,6 +35,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
+from shuniu.core.timers import cancel_at, timed_out
 from shuniu.core.types import InferenceRequest, Outcome
 
 __all__ = ["PriorityOptions", "PriorityScheduler", "TierPolicy"]
@@ -282,6 +283,8 @@ class PriorityScheduler(Scheduler):
     by error code, those two included).
     """
 
+    steps_without_task = True  # admit waits on a timer of its own (core.timers.cancel_at)
+
     def __init__(self, options: PriorityOptions | None = None) -> None:
         self.options = opts = options or PriorityOptions()
         policies = {"default": TierPolicy(client_priority=True), **opts.tiers}
@@ -409,45 +412,48 @@ class PriorityScheduler(Scheduler):
         # tier over its share, a version without room). Cheap when nothing fits: the first
         # failed dispatch ends it.
         self._dispatch(pool)
+        future = waiter.future
+        # A timer that cancels the wait, not asyncio.timeout: admit then needs no task (the
+        # simulator steps it without one); not wait_for, which on 3.11 can lose a racing
+        # cancellation.
+        limit_timer = cancel_at(loop, now + limit, future)
         try:
-            # asyncio.timeout, not wait_for, which on 3.11 can lose a racing cancellation.
-            async with asyncio.timeout_at(now + limit):
-                return await waiter.future
-        except TimeoutError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                return waiter.future.result()  # dispatched (or shed) at the very last moment
-            waiter.future.cancel()
-            self._leave(waiter)
-            self.expired += 1
-            if by_deadline:
-                raise self._reject(
-                    GatewayError(
-                        504,
-                        f"The request's deadline passed while it was queued for `{pool.name}`.",
-                        type="timeout_error",
-                        code="deadline_exceeded",
-                        headers=_retry_after(1),
-                    )
-                ) from None
+            return await future
+        except asyncio.CancelledError as exc:
+            if not timed_out(exc):
+                # The client left while queued. If a slot was handed over meanwhile, give it back.
+                if future.done() and not future.cancelled():
+                    if future.exception() is None:  # (a shed waiter's error is simply dropped)
+                        self.release(future.result(), Outcome.CANCELLED)
+                else:
+                    future.cancel()
+                    self._leave(waiter)
+                raise
+        finally:
+            limit_timer.cancel()
+        # The time limit passed (a slot handed over at that very moment was taken: the
+        # timer only cancels a wait still pending).
+        self._leave(waiter)
+        self.expired += 1
+        if by_deadline:
             raise self._reject(
                 GatewayError(
-                    503,
-                    f"No endpoint of `{pool.name}` could take the request within {limit:g} s.",
-                    type="server_error",
-                    code="queue_timeout",
-                    headers=_retry_after(limit / 10),
+                    504,
+                    f"The request's deadline passed while it was queued for `{pool.name}`.",
+                    type="timeout_error",
+                    code="deadline_exceeded",
+                    headers=_retry_after(1),
                 )
             ) from None
-        except asyncio.CancelledError:
-            # The client left while queued. If a slot was handed over meanwhile, give it back.
-            future = waiter.future
-            if future.done() and not future.cancelled():
-                if future.exception() is None:  # (a shed waiter's error is simply dropped)
-                    self.release(future.result(), Outcome.CANCELLED)
-            else:
-                future.cancel()
-                self._leave(waiter)
-            raise
+        raise self._reject(
+            GatewayError(
+                503,
+                f"No endpoint of `{pool.name}` could take the request within {limit:g} s.",
+                type="server_error",
+                code="queue_timeout",
+                headers=_retry_after(limit / 10),
+            )
+        ) from None
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
         if ticket.pool.free(ticket, outcome):

@@ -16,19 +16,20 @@ import gc
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from shuniu.backends.sim import LogHistogram, Seq, SimBackend
 from shuniu.core.blockhash import PrefixChain
 from shuniu.core.config.loader import ResolvedDeployment
+from shuniu.core.contracts import Ticket
 from shuniu.core.errors import ConfigError, GatewayError, Problem
 from shuniu.core.plugin_manager import PluginManager
 from shuniu.core.pools.pool import Pool
 from shuniu.core.types import InferenceRequest, Outcome, Principal
 from shuniu.plugins.tools.simulate.results import SimulationResult
 from shuniu.plugins.tools.simulate.stop import StopRule
-from shuniu.plugins.tools.simulate.vclock import run_virtual
+from shuniu.plugins.tools.simulate.vclock import Stepper, run_virtual
 
 __all__ = ["CHAINS", "LEAP_STEPS", "simulate"]
 
@@ -100,8 +101,13 @@ async def _run(
         if isinstance(ep.backend, SimBackend)
         for core in ep.backend.engine.output_cores
     ]
-    inflight: dict[int, asyncio.Task[None]] = {}
+    inflight: dict[int, _Flight] = {}
     """The requests started and not finished, by number (each takes itself out)."""
+    failures: list[BaseException] = []
+    """What went wrong in a request's own code (not the refusals and failures a run counts):
+    the run fails with the first."""
+    drained: asyncio.Future[None] | None = None
+    """Set once the arrivals are over: resolved when the last request in flight ends."""
     principals: dict[tuple[str, str], Principal] = {}
     """(tenant, tier) → its principal: one object per credential, as authenticators hand
     them out (the tenancy's per-principal plan is found by it)."""
@@ -113,13 +119,28 @@ async def _run(
     """``SimRequest.chain_key`` → the hashes of its shared blocks, the most recent
     :data:`CHAINS` (a live conversation forgotten is only hashed again)."""
 
-    async def one(spec: Any, n: int) -> None:
-        try:
-            await serve(spec, n)
-        finally:
-            del inflight[n]  # in the task itself: a done callback would take a loop turn
+    # A request runs on callbacks, in the steps a task running it would take, each where
+    # the task's would run (the loop turn after its arrival; when the scheduler's future or
+    # the engine's is done): :meth:`_Flight.start`, then :func:`dispatched` once admitted,
+    # then :func:`ended` once the engine is done with it. What waits in a coroutine (a
+    # queued admission, an engine with injected faults) is stepped by a :class:`Stepper`.
 
-    async def serve(spec: Any, n: int) -> None:
+    def left(flight: _Flight) -> None:
+        del inflight[flight.n]
+        if not inflight and drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def failed(flight: _Flight, exc: BaseException) -> None:
+        failures.append(exc)
+        if flight.n not in inflight:  # it went wrong after the request was done with
+            return
+        if flight.ticket is not None and not flight.released:
+            flight.released = True
+            flight.pool.scheduler.release(flight.ticket, Outcome.ERROR)
+        left(flight)
+
+    def start(flight: _Flight) -> None:
+        spec, n = flight.spec, flight.n
         if split == "tenants":
             # Each tenant's connections all on one gateway (as behind a load balancer
             # that hashes on the client), the tenants dealt out in turn.
@@ -133,11 +154,11 @@ async def _run(
         pools: dict[str, Pool] = gateway.routes
         model = getattr(spec, "model", None) or default_model
         pool = pools[model]
-        now = loop.time()
+        now = flight.now = loop.time()
         principal = principals.get((spec.tenant, spec.tier))
         if principal is None:
             principal = principals[spec.tenant, spec.tier] = Principal(tenant=spec.tenant, tier=spec.tier)
-        req = InferenceRequest(
+        req = flight.req = InferenceRequest(
             id=f"sim-{n}",
             api="chat" if getattr(spec, "kind", "chat") == "chat" else "completions",
             model=model,
@@ -152,8 +173,7 @@ async def _run(
             principal=principal,
             token_ids=spec.prompt,
         )
-        key = spec.chain_key
-        chain: PrefixChain | None = None
+        key = flight.key = spec.chain_key
         if key is not None:
             # The blocks this prompt shares with its conversation's earlier turns (or its
             # system prompt) were hashed then: only the new ones are hashed now.
@@ -168,25 +188,63 @@ async def _run(
                 chain.adopt(family.known(spec.prompt, block, shared), block, shared)
             req.prefix_hashes = chain.hashes(spec.prompt, block, spec.chain_tokens)
             req.prefix_block = block
-        tier = result.tier(spec.tier)
+            flight.chain = chain
+        tier = flight.tier = result.tier(spec.tier)
         tier.arrived += 1
         try:
-            pool = gateway.router.resolve(req, pool)
+            pool = flight.pool = gateway.router.resolve(req, pool)
             gateway.check_context(req, pool)
             if pool.demand is not None:  # as the request path counts it, after routing
                 pool.demand.arrived(now, req.prompt_tokens)
-            ticket = await pool.scheduler.admit(req, pool)
+            scheduler = pool.scheduler
+            if not getattr(scheduler, "steps_without_task", False):
+                # Its admit needs a task (asyncio.timeout, say): one for the admission.
+                flight.task = loop.create_task(admit_in_task(flight, scheduler.admit(req, pool)))
+                return
+            admission = scheduler.admit(req, pool)
+            try:
+                awaited = admission.send(None)
+            except StopIteration as admitted:  # the usual: a slot at once
+                ticket = admitted.value
+            else:  # it waits in the queue
+                flight.stepper = Stepper(admission, flight.admitted)
+                flight.stepper.wait(awaited)
+                return
         except GatewayError as err:
-            result.rejected += 1
-            code = err.code or str(err.status)
-            result.rejected_by_code[code] = result.rejected_by_code.get(code, 0) + 1
-            tier.rejected_by_code[code] = tier.rejected_by_code.get(code, 0) + 1
+            refused(flight, err)
             return
+        except BaseException as exc:
+            failed(flight, exc)
+            return
+        try:
+            dispatched(flight, ticket)
+        except BaseException as exc:
+            failed(flight, exc)
+
+    async def admit_in_task(flight: _Flight, admission: Coroutine[Any, Any, Ticket]) -> None:
+        try:
+            ticket = await admission
+        except BaseException as exc:
+            flight.admitted(None, exc)
+        else:
+            flight.admitted(ticket, None)
+
+    def refused(flight: _Flight, err: GatewayError) -> None:
+        result.rejected += 1
+        code = err.code or str(err.status)
+        result.rejected_by_code[code] = result.rejected_by_code.get(code, 0) + 1
+        tier = flight.tier
+        tier.rejected_by_code[code] = tier.rejected_by_code.get(code, 0) + 1
+        left(flight)
+
+    def dispatched(flight: _Flight, ticket: Ticket) -> None:
+        flight.ticket = ticket
+        spec, req, pool = flight.spec, flight.req, flight.pool
         admitted = loop.time()
-        result.queue.add(admitted - now)
+        result.queue.add(admitted - flight.now)
         backend = ticket.endpoint.backend
         assert isinstance(backend, SimBackend)
-        seq = Seq(
+        seq = flight.seq = Seq(
             req.id,
             spec.prompt,
             spec.output_tokens,
@@ -197,47 +255,133 @@ async def _run(
         seq.on_first = functools.partial(pool.first_output, ticket)
         seq.output_ids = spec.answer  # the engine's own ids, as the workload generated them
         hashes = req.prefix_hashes
-        shared_chain = hashes is not None and req.prefix_block == backend.engine.core.config.block_size
-        if shared_chain:
+        shared = hashes is not None and req.prefix_block == backend.engine.core.config.block_size
+        flight.shared = shared
+        if shared:
             seq.hashes = list(hashes)  # type: ignore[arg-type]  # the balancer's chain is the engine's: hash once
-        outcome = Outcome.ERROR
+        if backend.faults is not None:  # run_seq awaits what the faults inject
+            flight.stepper = Stepper(backend.run_seq(seq), flight.ran)
+            flight.stepper.start()
+            return
         try:
-            await backend.run_seq(seq)
-            outcome = Outcome.OK
-            if shared_chain and chain is not None and key is not None and key.startswith("chat:"):
-                # The conversation's next turn starts with this prompt and its answer, whose
-                # blocks the engine has hashed (the same chain): not hashed again then.
-                chain.adopt(seq.hashes, req.prefix_block, len(spec.prompt) + seq.output_count)
-        except ValueError:
-            result.rejected += 1
-            result.rejected_by_code["too_long"] = result.rejected_by_code.get("too_long", 0) + 1
+            done = backend.submit_seq(seq)
+        except BaseException as exc:
+            flight.ended(None, exc)
             return
-        except GatewayError:
-            result.failed += 1
-            return
-        finally:
-            pool.scheduler.release(ticket, outcome)
-        end = loop.time()
-        if pool.demand is not None:
-            pool.demand.finished(end, seq.output_count)
-        first = seq.first_token_at if seq.first_token_at is not None else end
-        ttft = first - now
-        hists = result.endpoint_latency.get(ticket.endpoint.name)
-        if hists is None:
-            hists = result.endpoint_latency[ticket.endpoint.name] = (LogHistogram(), LogHistogram())
-        who = result.tenant(spec.tenant)
-        LogHistogram.add_each((result.ttft, hists[0], tier.ttft, who.ttft), ttft)
-        LogHistogram.add_each((result.e2e, hists[1], tier.e2e), end - now)
-        result.requests_completed += 1
-        tier.completed += 1
-        who.completed += 1
-        who.tokens += len(spec.prompt) + seq.output_count
-        # A request's inter-token latency is its mean gap (time per output token).
-        tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
-        result.record_window(now, ttft, tpot)
-        if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
-            result.met_slo += 1
-            tier.met_slo += 1
+        done.add_done_callback(flight.ended)
+
+    class _Flight:
+        """One request of the run: what its steps hand on to each other."""
+
+        __slots__ = (
+            "chain",
+            "key",
+            "n",
+            "now",
+            "pool",
+            "released",
+            "req",
+            "seq",
+            "shared",
+            "spec",
+            "stepper",
+            "task",
+            "ticket",
+            "tier",
+        )
+
+        def __init__(self, spec: Any, n: int) -> None:
+            self.spec = spec
+            self.n = n
+            self.chain: PrefixChain | None = None
+            self.ticket: Ticket | None = None
+            self.seq: Seq | None = None
+            self.stepper: Stepper | None = None
+            self.task: asyncio.Task[None] | None = None
+            self.released = False
+
+        def admitted(self, ticket: Ticket | None, exc: BaseException | None) -> None:
+            """The queued admission ended: a ticket, or what it raised."""
+            self.stepper = self.task = None
+            if exc is None:
+                assert ticket is not None
+                try:
+                    dispatched(self, ticket)
+                except BaseException as err:
+                    failed(self, err)
+            elif isinstance(exc, GatewayError):
+                refused(self, exc)
+            elif isinstance(exc, asyncio.CancelledError):
+                left(self)  # the run's time was up while it waited
+            else:
+                failed(self, exc)
+
+        def ended(self, done: asyncio.Future[None] | None, exc: BaseException | None = None) -> None:
+            """The engine is done with the request: its future is ``done`` (cancelled: the
+            run's time is up), or ``exc`` is what its run raised, if anything."""
+            try:
+                if done is not None and done.cancelled():
+                    exc = asyncio.CancelledError()
+                spec, seq, pool, ticket = self.spec, self.seq, self.pool, self.ticket
+                assert seq is not None and ticket is not None
+                if exc is None:
+                    key, chain = self.key, self.chain
+                    if self.shared and chain is not None and key is not None and key.startswith("chat:"):
+                        # The conversation's next turn starts with this prompt and its answer, whose
+                        # blocks the engine has hashed (the same chain): not hashed again then.
+                        chain.adopt(seq.hashes, self.req.prefix_block, len(spec.prompt) + seq.output_count)
+                self.released = True
+                pool.scheduler.release(ticket, Outcome.OK if exc is None else Outcome.ERROR)
+                if exc is not None:
+                    if isinstance(exc, ValueError):
+                        result.rejected += 1
+                        result.rejected_by_code["too_long"] = result.rejected_by_code.get("too_long", 0) + 1
+                    elif isinstance(exc, GatewayError):
+                        result.failed += 1
+                    elif not isinstance(exc, asyncio.CancelledError):  # cancelled: unfinished at the end
+                        failures.append(exc)
+                    left(self)
+                    return
+                now = self.now
+                tier = self.tier
+                end = loop.time()
+                if pool.demand is not None:
+                    pool.demand.finished(end, seq.output_count)
+                first = seq.first_token_at if seq.first_token_at is not None else end
+                ttft = first - now
+                hists = result.endpoint_latency.get(ticket.endpoint.name)
+                if hists is None:
+                    hists = result.endpoint_latency[ticket.endpoint.name] = (LogHistogram(), LogHistogram())
+                who = result.tenant(spec.tenant)
+                LogHistogram.add_each((result.ttft, hists[0], tier.ttft, who.ttft), ttft)
+                LogHistogram.add_each((result.e2e, hists[1], tier.e2e), end - now)
+                result.requests_completed += 1
+                tier.completed += 1
+                who.completed += 1
+                who.tokens += len(spec.prompt) + seq.output_count
+                # A request's inter-token latency is its mean gap (time per output token).
+                tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
+                result.record_window(now, ttft, tpot)
+                if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
+                    result.met_slo += 1
+                    tier.met_slo += 1
+                left(self)
+            except BaseException as err:
+                failed(self, err)
+
+        def ran(self, _: Any, exc: BaseException | None) -> None:
+            """``run_seq`` (an engine with faults) returned, or raised ``exc``."""
+            self.stepper = None
+            self.ended(None, exc)
+
+        def cancel(self) -> None:
+            """Give up on the request (the run's time is up): as cancelling its task would."""
+            if self.stepper is not None:
+                self.stepper.cancel()
+            elif self.task is not None:
+                self.task.cancel()
+            elif self.seq is not None and self.seq.done is not None:
+                self.seq.done.cancel()
 
     sampler = loop.create_task(_sample_scaling(gateways, result)) if _scaled(gateways) else None
     arrived: asyncio.Future[int] = loop.create_future()
@@ -250,7 +394,8 @@ async def _run(
         try:
             while True:
                 n += 1
-                inflight[n] = loop.create_task(one(spec, n))
+                flight = inflight[n] = _Flight(spec, n)
+                loop.call_soon(start, flight)  # as a task's first step
                 if progress is not None and n % 256 == 0:
                     progress(loop.time(), n)
                 if stop_after is not None and n % 64 == 0:
@@ -284,12 +429,18 @@ async def _run(
     if inflight:
         # A hung endpoint (an injected fault) would keep its requests forever: stop waiting
         # after `drain_s` and count them as unfinished.
-        _, pending = await asyncio.wait(list(inflight.values()), timeout=drain_s)
-        for task in pending:
-            task.cancel()
-        result.unfinished = len(pending)
-        if pending:
-            await asyncio.wait(pending)
+        drained = loop.create_future()
+        done, _ = await asyncio.wait((drained,), timeout=drain_s)
+        if not done:
+            pending = list(inflight.values())
+            for flight in pending:
+                flight.cancel()
+            result.unfinished = len(pending)
+            if inflight:
+                drained = loop.create_future()
+                await drained
+    if failures:
+        raise failures[0]
     result.sim_time_s = loop.time()
     for pool in gateway.pools.values():
         for ep in pool.endpoints:
