@@ -17,15 +17,20 @@ __all__ = ["PrefixChain", "common_length", "extend_chain"]
 
 def extend_chain(chain: list[int], ids: Sequence[int], block: int, stop: int) -> list[int]:
     """Append to ``chain`` (the hashes of ``ids``'s first ``len(chain)`` blocks) the hashes of
-    its blocks up to block ``stop`` (exclusive); returns ``chain``."""
+    its blocks up to block ``stop`` (exclusive; full blocks only: ``stop`` is at most
+    ``len(ids) // block``); returns ``chain``."""
     h = chain[-1] if chain else block
     append = chain.append
     lo, hi = len(chain) * block, stop * block
-    if isinstance(ids, array):  # its ids made into ints once, not once per block's tuple
-        ids = ids[lo:hi].tolist()
-        lo, hi = 0, hi - lo
-    for start in range(lo, hi, block):
-        h = hash((h, tuple(ids[start : start + block])))
+    if hi <= lo:
+        return chain
+    # The blocks' tuples straight from one iterator over the ids (zip takes `block` at a
+    # time), not a slice and a tuple per block; an array's ids made into ints once. Every
+    # block asked for is full (a caller's `stop` is at most len(ids) // block).
+    part = ids[lo:hi]
+    blocks = zip(*[iter(part.tolist() if isinstance(part, array) else part)] * block, strict=False)
+    for ids_of_block in blocks:
+        h = hash((h, ids_of_block))
         append(h)
     return chain
 

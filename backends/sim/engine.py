@@ -414,8 +414,10 @@ class EngineCore:
         outs = self._output_ids(seq, hi)[lo:hi]
         if not isinstance(outs, list):  # an array's ids made into ints once, not per slice
             outs = outs.tolist()
-        for start in range(0, hi - lo, bs):  # blocks of output only
-            h = hash((h, tuple(outs[start : start + bs])))
+        # Blocks of output only, a tuple each straight from one iterator (zip takes `bs` at a
+        # time; hi - lo is whole blocks).
+        for ids_of_block in zip(*[iter(outs)] * bs, strict=False):
+            h = hash((h, ids_of_block))
             append(h)
 
     def _blocks_for(self, tokens: int) -> int:
