@@ -126,29 +126,6 @@ class EndpointState:
         self.window_requests = 0
         self.window_failures = 0
 
-    def has_capacity(self) -> bool:
-        return (
-            self.healthy
-            and not self.ejected
-            and not self.draining
-            # With a fleet, the limit is the endpoint's across the gateways (the others'
-            # requests as of their last sync).
-            and (self.limit == 0 or self.in_flight + self.remote_in_flight < self.limit)
-        )
-
-    def at_soft_limit(self) -> bool:
-        """In balancing and at its adaptive limit, but under ``max_concurrency`` (the hard
-        one): a balancer that takes full endpoints may still send a request here."""
-        busy = self.in_flight + self.remote_in_flight
-        return (
-            self.limit != 0
-            and busy >= self.limit
-            and (self.max_concurrency == 0 or busy < self.max_concurrency)
-            and self.healthy
-            and not self.ejected
-            and not self.draining
-        )
-
     def __repr__(self) -> str:
         return f"<EndpointState {self.name} in_flight={self.in_flight} healthy={self.healthy}>"
 
@@ -250,25 +227,33 @@ class Pool:
         ``takes_full_endpoints`` may also take one at its adaptive limit."""
         version = req.version
         tried = req.tried
-        candidates = [
-            e
-            for e in self.endpoints
-            if e.has_capacity()
-            and (version is None or e.version == version)
-            and (tried is None or e.name not in tried)
-        ]
-        if self.takes_full:
-            # A prefix balancer weighs waiting on the engine that holds the prompt against
-            # a cold prefill on a free one (the adaptive limit would send it to the latter).
-            full = [
-                e
-                for e in self.endpoints
-                if e.at_soft_limit()
-                and (version is None or e.version == version)
-                and (tried is None or e.name not in tried)
-            ]
-            if full:
-                candidates += full
+        # The candidates: endpoints in balancing (healthy, not ejected, not draining) that
+        # run the version and were not tried, with a free slot (under `limit`, counted
+        # across the fleet's gateways); then, for a balancer that takes full endpoints,
+        # those at their adaptive limit but under `max_concurrency` (the hard one). One
+        # pass, no call per endpoint: this runs for every request.
+        candidates: list[EndpointState] = []
+        full: list[EndpointState] = []
+        takes_full = self.takes_full
+        for e in self.endpoints:
+            if not e.healthy or e.ejected or e.draining:
+                continue
+            if (version is not None and e.version != version) or (tried is not None and e.name in tried):
+                continue
+            limit = e.limit
+            if limit == 0:
+                candidates.append(e)
+                continue
+            busy = e.in_flight + e.remote_in_flight
+            if busy < limit:
+                candidates.append(e)
+            elif takes_full and (e.max_concurrency == 0 or busy < e.max_concurrency):
+                # A prefix balancer weighs waiting on the engine that holds the prompt
+                # against a cold prefill on a free one (the adaptive limit would send it to
+                # the latter).
+                full.append(e)
+        if full:
+            candidates += full
         if not candidates:
             return None
         picked = self.balancer.pick(req, candidates)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import Protocol
 
 from pydantic import Field
@@ -137,7 +138,11 @@ def cheapest(
     for i, e in enumerate(endpoints):
         if loads[i] > ceiling:
             continue
-        cached = held[i] = min(prompt, int(depths.get(e.index, 0) * tokens_per_block))
+        d = depths.get(e.index)
+        if d:
+            cached = held[i] = min(prompt, int(d * tokens_per_block))
+        else:
+            cached = 0  # (held[i] is 0 already)
         cost = e.prefill_tokens + e.remote_prefill_tokens + cold_weight * (prompt - cached)
         snap = e.load
         if snap is not None and snap.waiting and e.load_weight > 0.0:
@@ -160,13 +165,13 @@ def cheapest(
         best = min(free, key=loads.__getitem__)
         return endpoints[best], held[best]
     limit = lowest + slack
-    best = -1
-    for k in range(n):
-        i = (start + k) % n
-        if costs[i] > limit:
-            continue
-        if best < 0 or held[i] > held[best] or (held[i] == held[best] and loads[i] < loads[best]):
-            best = i
+    best, most, least = -1, -1, 0.0  # the choice so far, what it holds, its load
+    start %= n
+    for i in chain(range(start, n), range(start)):  # from `start` on, round
+        if costs[i] <= limit:
+            h = held[i]
+            if h > most or (h == most and loads[i] < least):
+                best, most, least = i, h, loads[i]
     if new is not None and 8 * held[best] < prompt:
         # A new prefix (what any of them holds is a shared opening at most): the one that
         # took the fewest new prompt tokens lately, in prompts of this size, then load.
