@@ -121,14 +121,13 @@ class SimulationResult:
             t = self.tenants[name] = TenantResult()
         return t
 
-    def record_window(self, arrival: float, ttft: float, itl: float | None) -> None:
-        window = self.timeline.get(int(arrival // self.window_s))
+    def window(self, arrival: float) -> tuple[LogHistogram, LogHistogram]:
+        """The (TTFT, per-request mean ITL) histograms of the window of ``arrival``."""
+        key = int(arrival // self.window_s)
+        window = self.timeline.get(key)
         if window is None:
-            window = self.timeline[int(arrival // self.window_s)] = (LogHistogram(), LogHistogram())
-        window[0].add(ttft)
-        if itl is not None:
-            window[1].add(itl)
-            self.tpot.add(itl)
+            window = self.timeline[key] = (LogHistogram(), LogHistogram())
+        return window
 
     def window_p99(self) -> list[dict[str, Any]]:
         """Per window of arrivals: its start, TTFT p99 and per-request ITL p99 (``None``

@@ -353,7 +353,8 @@ async def _run(
                 if hists is None:
                     hists = result.endpoint_latency[ticket.endpoint.name] = (LogHistogram(), LogHistogram())
                 who = result.tenant(spec.tenant)
-                LogHistogram.add_each((result.ttft, hists[0], tier.ttft, who.ttft), ttft)
+                window = result.window(now)  # of its arrival, for the timeline
+                LogHistogram.add_each((result.ttft, hists[0], tier.ttft, who.ttft, window[0]), ttft)
                 LogHistogram.add_each((result.e2e, hists[1], tier.e2e), end - now)
                 result.requests_completed += 1
                 tier.completed += 1
@@ -361,7 +362,8 @@ async def _run(
                 who.tokens += len(spec.prompt) + seq.output_count
                 # A request's inter-token latency is its mean gap (time per output token).
                 tpot = (end - first) / (seq.output_count - 1) if seq.output_count > 1 else None
-                result.record_window(now, ttft, tpot)
+                if tpot is not None:
+                    LogHistogram.add_each((window[1], result.tpot), tpot)
                 if slo is not None and slo.meets(ttft, itl=tpot, e2e=end - now):
                     result.met_slo += 1
                     tier.met_slo += 1
