@@ -18,6 +18,7 @@ are those of the tick it joined (:meth:`Cohort.computed` gives the current count
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -56,13 +57,15 @@ class Cohort:
         self.kv_base = 0
         """The sum over members of ``prompt_len + output_count - synced`` (their counts as of
         joining), so that their tokens are ``kv_base + len(members) * tick``."""
-        self.blocks: dict[int, list[Seq]] = {}
+        self.blocks: defaultdict[int, list[Seq]] = defaultdict(list)
         """Tick → the members whose next block event comes with the iteration planned at it
         (it first needs the member's next block, or fills its block): a calendar, since
         every event is due within a block's worth of ticks (:meth:`push_block`). An entry
         counts only while the member's ``cdue`` names its tick: those of members that left,
         or were handled and pushed again, are skipped. The engine puts a run of members on
-        it in one go (``EngineCore._member_blocks``)."""
+        it in one go (``EngineCore._member_blocks``). A ``defaultdict``: a tick's first
+        member makes its list in C (per member event 6.2 k -> 6.0 k instructions); read it
+        with ``pop(tick, None)``, which does not add the tick."""
         self.next_tick = 0
         """No tick before this one has events left to hand out (lowered by whoever puts an
         earlier one on the calendar)."""
@@ -101,11 +104,7 @@ class Cohort:
 
     def push_block(self, seq: Seq, due: int) -> None:
         """Put a member's next block event, at tick ``due``, on the calendar."""
-        bucket = self.blocks.get(due)
-        if bucket is None:
-            self.blocks[due] = [seq]
-        else:
-            bucket.append(seq)
+        self.blocks[due].append(seq)
         seq.cdue = due
         if due < self.next_tick:
             self.next_tick = due

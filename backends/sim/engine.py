@@ -948,11 +948,7 @@ class EngineCore:
                     fills = seq.fill_tick = fills + k * bs
                 if fills < due:
                     due = fills
-            bucket = calendar.get(due)
-            if bucket is None:
-                calendar[due] = [seq]
-            else:
-                bucket.append(seq)
+            calendar[due].append(seq)  # a defaultdict: a new tick's list made in C
             seq.cdue = due
             if due < earliest:
                 earliest = due
