@@ -121,9 +121,9 @@ async def _run(
 
     # A request runs on callbacks, in the steps a task running it would take, each where
     # the task's would run (the loop turn after its arrival; when the scheduler's future or
-    # the engine's is done): :meth:`_Flight.start`, then :func:`dispatched` once admitted,
-    # then :func:`ended` once the engine is done with it. What waits in a coroutine (a
-    # queued admission, an engine with injected faults) is stepped by a :class:`Stepper`.
+    # the engine's is done): start(flight), then dispatched(flight, ticket) once admitted,
+    # then _Flight.ended once the engine is done with it. What waits in a coroutine (a
+    # queued admission, an engine with injected faults) is stepped by a Stepper.
 
     def left(flight: _Flight) -> None:
         del inflight[flight.n]
