@@ -86,6 +86,11 @@ async def settle(tenancy: Tenancy, admission: Admission, progress: Progress) -> 
 def settle_now(tenancy: Tenancy, admission: Admission, progress: Progress) -> None:
     """:func:`settle` for a store that keeps its state in this process (``tenancy.sync``)."""
     try:
-        tenancy.settle_now(admission, _used(progress))
+        used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens  # _used
+        binding = admission.binding
+        if binding is not None:  # booked by the store's binding: given back there, in one call
+            binding.give_back(float(used - admission.reserved), admission.token)
+        else:
+            tenancy.settle_now(admission, used)
     except Exception:
         log.exception("settling rate limits failed")

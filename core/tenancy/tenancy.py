@@ -341,10 +341,22 @@ class Tenancy:
         """:meth:`acquire` without a coroutine, for a store that keeps its state in this
         process (:attr:`sync` is true)."""
         if self._bind is not None:
-            plan = self._plan(req.principal, tier)
+            # The common case in one frame: the plan remembered for this principal, the
+            # store's binding, and the headers written here (each was a call of its own).
+            principal = req.principal
+            recent = self._recent.get(id(principal))
+            if recent is not None and recent[0] is principal and recent[1] is tier:
+                plan = recent[2]
+            else:
+                plan = self._plan(principal, tier)
             if not plan.active:
                 return None
-            reserved = self._reservation(req, plan)
+            max_tokens = req.max_tokens
+            # A reservation above every token limit is refused by ``take`` (which cannot
+            # book it) and answered with its 429 by the general path below.
+            if max_tokens is None:
+                max_tokens = self.default_output_tokens
+            reserved = req.prompt_tokens + max_tokens
             binding = plan.binding
             if binding is None:
                 binding = plan.binding = self._bind(plan.request_rates, _templates(plan), plan.leases)
@@ -352,7 +364,33 @@ class Tenancy:
             token = self._counter
             taken = binding.take(float(reserved), token)
             if taken is not None:
-                headers = _taken_headers(plan, taken) if self.send_headers else []
+                if not self.send_headers:
+                    return Admission(token, _NO_RATES, plan.leases, reserved, [], binding)
+                req_i, req_left, req_reset, tok_i, tok_left, tok_reset = taken
+                headers: list[tuple[bytes, bytes]] = []
+                # reset_bytes inline for its common (sub-second) case.
+                if req_i >= 0:
+                    headers += (
+                        plan.request_limit_headers[req_i],
+                        (_REMAINING_REQUESTS, b"%d" % req_left if req_left > 0 else b"0"),
+                        (
+                            _RESET_REQUESTS,
+                            b"%dms" % (round(req_reset * 1000) or 1)
+                            if 0 < req_reset < 0.9995
+                            else reset_bytes(req_reset),
+                        ),
+                    )
+                if tok_i >= 0:
+                    headers += (
+                        plan.token_limit_headers[tok_i],
+                        (_REMAINING_TOKENS, b"%d" % tok_left if tok_left > 0 else b"0"),
+                        (
+                            _RESET_TOKENS,
+                            b"%dms" % (round(tok_reset * 1000) or 1)
+                            if 0 < tok_reset < 0.9995
+                            else reset_bytes(tok_reset),
+                        ),
+                    )
                 return Admission(token, _NO_RATES, plan.leases, reserved, headers, binding)
             # Refused: the store's full answer, for the 429 and its headers.
         asked = self._admit(req, tier)
