@@ -195,6 +195,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     headers: Any = ()
     """The raw ASGI header pairs ``(name, value)`` (lower-case bytes), for policies that key
     on a header. Not copied."""
+    header_map: dict[bytes, bytes] | None = None
+    """The same headers by name (each name's first value), when the request path has made
+    it: :meth:`header` reads it instead of walking the pairs."""
     version: str | None = None
     """The endpoint version this request must run on (a canary split or a pinning header);
     ``None`` = any."""
@@ -239,6 +242,9 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (lower-case bytes), or ``None``."""
+        by_name = self.header_map
+        if by_name is not None:
+            return by_name.get(name)
         for key, value in self.headers:
             if key == name:
                 return value

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from shuniu.core.cli import build_cli
 from shuniu.core.config.loader import load_deployment
 from shuniu.core.errors import ConfigError, GatewayError
+from shuniu.core.http.asgi import header_map
 from shuniu.core.plugin_manager import load_plugins
-from shuniu.core.tenancy.auth import AuthChain
+from shuniu.core.tenancy.auth import AuthChain, bearer_token, bearer_token_of
 from shuniu.plugins.auth.api_keys import KEY_PREFIX, ApiKeys, ApiKeysOptions, hash_key, new_key
 
 
@@ -210,3 +211,31 @@ def test_keys_new_prints_a_key_and_the_entry_with_its_hash() -> None:
     assert hashed.exit_code == 0 and hashed.output.strip() == data["entry"]["hash"]
     text = runner.invoke(cli, ["keys", "new", "--tenant", "t"])
     assert text.exit_code == 0 and KEY_PREFIX in text.output and "sha256:" in text.output
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"authorization", b"Bearer sk-one")],
+        [(b"authorization", b"bearer   sk-one  ")],
+        [(b"authorization", b"Bearer ")],
+        [(b"authorization", b"Basic Zm9vOmJhcg==")],
+        [(b"api-key", b"sk-azure")],
+        [(b"x-api-key", b" sk-anthropic ")],
+        [(b"x-api-key", b"")],
+        [
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer sk-one"),
+            (b"x-api-key", b"sk-two"),
+        ],
+        [(b"authorization", b"Basic Zm9vOmJhcg=="), (b"api-key", b"sk-azure")],
+        [(b"authorization", b"Bearer sk-first"), (b"authorization", b"Bearer sk-second")],
+    ],
+)
+def test_the_header_map_reads_the_same_credential_as_the_header_pairs(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    # The request path reads the credential from its header map (name -> first value);
+    # views read it from the raw pairs: both must find the same one.
+    assert bearer_token_of(header_map(headers)) == bearer_token(headers)

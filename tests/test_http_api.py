@@ -61,6 +61,20 @@ def test_request_id_echoed_and_generated(gateway) -> None:  # type: ignore[no-un
         assert err.headers["x-request-id"] == "e1"
 
 
+def test_a_repeated_header_counts_by_its_first_value(gateway) -> None:  # type: ignore[no-untyped-def]
+    # The request path reads its headers from a map of each name's first value: the same
+    # value a walk over the pairs found first.
+    url = f"{gateway.base_url}/chat/completions"
+    with httpx.Client() as client:
+        twice = client.post(url, json=CHAT, headers=[("x-request-id", "first"), ("x-request-id", "second")])
+        assert twice.headers["x-request-id"] == "first"
+        bad_first = [("x-shuniu-deadline-ms", "soon"), ("x-shuniu-deadline-ms", "5000")]
+        refused = client.post(url, json=CHAT, headers=bad_first)
+        assert refused.status_code == 400 and _error(refused)["param"] == "x-shuniu-deadline-ms"
+        good_first = [("x-shuniu-deadline-ms", "5000"), ("x-shuniu-deadline-ms", "soon")]
+        assert client.post(url, json=CHAT, headers=good_first).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code", "param"),
     [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from shuniu.core.errors import GatewayError, bad_request, payload_too_large
@@ -13,8 +13,10 @@ __all__ = [
     "Scope",
     "Send",
     "header",
+    "header_map",
     "new_request_id",
     "read_body",
+    "request_id_from",
     "send_error",
     "send_json",
 ]
@@ -36,13 +38,24 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def header_map(headers: Sequence[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header's first value by its (lower-case) name: made once per request, so that
+    each later look-up is one dict access instead of a walk over every header (an SDK
+    sends a dozen or more)."""
+    return dict(reversed(headers))
+
+
 _prefix = os.urandom(4).hex()
 _counter = 0
 
 
 def new_request_id(scope: Scope) -> str:
     """The client's ``x-request-id`` when it is sane, else a fresh process-unique id."""
-    given = header(scope, b"x-request-id")
+    return request_id_from(header(scope, b"x-request-id"))
+
+
+def request_id_from(given: bytes | None) -> str:
+    """:func:`new_request_id` from the client's ``x-request-id`` value (``None``: none)."""
     if given is not None and 0 < len(given) <= _MAX_ID and given.isascii():
         text = given.decode("ascii")
         if text.isprintable() and " " not in text:
@@ -52,9 +65,12 @@ def new_request_id(scope: Scope) -> str:
     return f"{_prefix}{_counter:x}"
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body, or a 413 as soon as it is known to exceed ``limit``."""
-    length = header(scope, b"content-length")
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, headers: Mapping[bytes, bytes] | None = None
+) -> bytes:
+    """The whole request body, or a 413 as soon as it is known to exceed ``limit``.
+    ``headers``: the request's :func:`header_map`, when the caller has made it."""
+    length = header(scope, b"content-length") if headers is None else headers.get(b"content-length")
     if length is not None:
         try:
             declared = int(length)

@@ -7,7 +7,7 @@ deployment does not use it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from shuniu.core.errors import GatewayError
@@ -22,16 +22,21 @@ __all__ = ["acquire", "authenticate", "check_tier", "settle", "settle_now"]
 log = logging.getLogger("shuniu.gateway")
 
 
-def authenticate(tenancy: Tenancy, headers: Any, trace: RequestTrace | None) -> Principal | None:
+def authenticate(
+    tenancy: Tenancy,
+    headers: Any,
+    trace: RequestTrace | None,
+    header_map: Mapping[bytes, bytes] | None = None,
+) -> Principal | None:
     """The caller's principal (401 without a valid credential), or ``None`` on an open
-    gateway."""
+    gateway. ``header_map``: the request's headers by name (see ``AuthChain.authenticate``)."""
     if not tenancy.auth:
         return None
     if trace is None:
-        return tenancy.auth.authenticate(headers)
+        return tenancy.auth.authenticate(headers, header_map)
     span = trace.child("shuniu.auth")
     try:
-        principal = tenancy.auth.authenticate(headers)
+        principal = tenancy.auth.authenticate(headers, header_map)
         span.set_attribute("shuniu.key_id", principal.key_id or "")
     except GatewayError as err:
         trace.fail(span, err.code)

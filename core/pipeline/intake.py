@@ -6,6 +6,7 @@ gateway that trusts them, the client's trace context passed through).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from shuniu.core.api.wire import Wire
@@ -54,10 +55,12 @@ class Intake:
         request_id: str,
         arrival: float,
         estimate: bool = True,
+        header_map: Mapping[bytes, bytes] | None = None,
     ) -> InferenceRequest:
         """The body, parsed in ``wire``'s format: 413 too large, 400 malformed.
-        ``estimate=False``: a text prompt's count is left to the caller (``Wire.parse``)."""
-        raw = await read_body(scope, receive, self._max_body)
+        ``estimate=False``: a text prompt's count is left to the caller (``Wire.parse``).
+        ``header_map``: the request's headers by name, when the caller has made it."""
+        raw = await read_body(scope, receive, self._max_body, header_map)
         return wire.parse(raw, api, request_id, arrival, estimate)
 
     def check_size(self, req: InferenceRequest) -> None:
@@ -80,11 +83,21 @@ class Intake:
                 code="prompt_too_long",
             )
 
-    def apply_headers(self, req: InferenceRequest, headers: Any, arrival: float, identity: bool) -> None:
+    def apply_headers(
+        self,
+        req: InferenceRequest,
+        headers: Any,
+        arrival: float,
+        identity: bool,
+        header_map: dict[bytes, bytes] | None = None,
+    ) -> None:
         """Read the shuniu headers into ``req``: ``x-shuniu-deadline-ms`` (400 when it is not
         a positive number), ``x-shuniu-tenant``/``x-shuniu-tier`` when ``identity`` (the
-        deployment trusts them), and the client's ``traceparent``/``tracestate``."""
+        deployment trusts them), and the client's ``traceparent``/``tracestate``.
+        ``header_map``: the same headers by name (:func:`~shuniu.core.http.asgi.header_map`),
+        kept on ``req`` for every later look-up."""
         req.headers = headers
+        req.header_map = header_map
         if self._pass_trace:
             parent = req.header(b"traceparent")
             if parent is not None:

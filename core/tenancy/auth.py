@@ -12,7 +12,7 @@ Credentials never appear in errors or logs: messages name the problem, not the v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shuniu.core.contracts import Authenticator
@@ -22,6 +22,7 @@ from shuniu.core.types import Principal
 __all__ = [
     "AuthChain",
     "bearer_token",
+    "bearer_token_of",
     "invalid_credentials",
     "missing_credentials",
 ]
@@ -67,6 +68,24 @@ def bearer_token(headers: Any) -> str | None:
     return None
 
 
+def bearer_token_of(headers: Mapping[bytes, bytes]) -> str | None:
+    """:func:`bearer_token` from a request's header map (name → first value): ``Authorization``
+    decides when it is there, else ``api-key``, else ``x-api-key``."""
+    value = headers.get(_AUTHORIZATION)
+    if value is not None:
+        if value[:7].lower() == _BEARER:
+            token = value[7:].strip()
+            return token.decode("latin-1") if token else None
+        return None
+    value = headers.get(_API_KEY)
+    if value is None:
+        value = headers.get(_X_API_KEY)
+        if value is None:
+            return None
+    token = value.strip()
+    return token.decode("latin-1") if token else None
+
+
 class AuthChain:
     """The deployment's authenticators, asked in order."""
 
@@ -78,9 +97,11 @@ class AuthChain:
     def __bool__(self) -> bool:
         return bool(self.authenticators)
 
-    def authenticate(self, headers: Any) -> Principal:
-        """The request's principal, or a 401 :class:`GatewayError`."""
-        credential = bearer_token(headers)
+    def authenticate(self, headers: Any, header_map: Mapping[bytes, bytes] | None = None) -> Principal:
+        """The request's principal, or a 401 :class:`GatewayError`. ``header_map``: the
+        request's headers by name, when the caller has made it (the credential is read
+        from it; authenticators still get the raw ``headers``)."""
+        credential = bearer_token(headers) if header_map is None else bearer_token_of(header_map)
         if credential is None:
             raise missing_credentials()
         for authenticator in self.authenticators:
