@@ -52,9 +52,7 @@ def check_tier(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> Tier | No
     neither tiers nor authentication."""
     if not tenancy.checks_tier:
         return None
-    tier = tenancy.tier_of(req.principal)
-    tenancy.check(req, tier, pool.name)
-    return tier
+    return tenancy.checked_tier(req, pool.name)
 
 
 def check_model_access(tenancy: Tenancy, req: InferenceRequest, pool: Pool) -> None:
