@@ -1,0 +1,132 @@
+"""Instructions per request of a shuniu gateway on the wire: the process under valgrind's
+cachegrind, the same c=1 load at two lengths, and the difference divided by the requests
+between them. Start-up, warm-up and shutdown cancel out, and the count does not move with
+the machine's speed (time on these shared 2-core machines drifts by ±20% between rounds,
+which hides any change worth less): the measure to judge a change to the request path by.
+
+Usage::
+
+    python benchmarks/wire_instructions.py                                  # minimal and full
+    python benchmarks/wire_instructions.py --targets full --baseline ../old-tree
+    python benchmarks/wire_instructions.py --requests 300,1300 --stream
+
+Targets are ``benchmarks/peers.py``'s shuniu deployments (``minimal``, ``full``, ``aiohttp``;
+``redis`` needs a ``redis-server``, which this script does not start) in front of the
+instant upstream. ``PYTHONHASHSEED=0`` keeps string hashing, and so the count, the same from
+run to run (two runs of one tree agree to ~0.1%). Needs ``valgrind`` (``apt-get install -y
+valgrind``); each target takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import Children, failed, handle_signals, run_loadgen, wait_http_ok, wait_serving
+from peers import MODEL, baseline_path, deployment
+from rich.console import Console
+from rich.table import Table
+
+from shuniu.plugins.auth.api_keys import new_key
+
+HERE = Path(__file__).resolve().parent
+console = Console()
+_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def instructions(
+    children: Children, tmpdir: Path, target: str, upstream_port: int, key: str, requests: int,
+    stream: bool, baseline: str | None,
+) -> int:  # fmt: skip
+    """The gateway process's instructions over its whole life, serving ``requests`` c=1
+    requests (after 50 of warm-up)."""
+    label = f"{target}@base" if baseline else target
+    config = tmpdir / f"{label}.yaml"
+    config.write_text(deployment(target, upstream_port, key, "redis://127.0.0.1:6379"))
+    log = tmpdir / f"{label}-{requests}.valgrind"
+    env = {"PYTHONHASHSEED": "0", **({"PYTHONPATH": baseline} if baseline else {})}
+    shuniu = str(Path(sys.executable).with_name("shuniu"))
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+           f"--log-file={log}", shuniu, "serve", str(config)]  # fmt: skip
+    out = tmpdir / f"{label}-{requests}.log"
+    child = children.start(f"{label} under valgrind", cmd, out, env=env, grace=120)
+    wait_serving(child, 300)
+    wait_http_ok(child, f"{child.url}/ready", 300)
+    headers = ["--header", f"Authorization:Bearer {key}"] if target in ("full", "redis") else []
+    args = ["latency", f"{child.url}/v1", "--requests", str(requests), "--warmup", "50",
+            "--max-seconds", "900", "--model", MODEL, "--engine", "python", *headers,
+            *(["--stream"] if stream else [])]  # fmt: skip
+    run_loadgen(children, tmpdir, f"{label} x{requests}", args, 1200)
+    children.stop(child)  # SIGTERM: the gateway drains and exits, valgrind writes its totals
+    found = _REFS.search(log.read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"no instruction count in {log} (did {label} exit cleanly?)")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="minimal,full", help="comma-separated: minimal, full, aiohttp")
+    ap.add_argument("--requests", default="300,1300", help="the two load lengths, c=1 requests")
+    ap.add_argument("--stream", action="store_true", help="streamed requests")
+    ap.add_argument("--baseline", type=Path, help="also count every target on this source tree")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        console.print("[red]valgrind is not installed[/] (apt-get install -y valgrind)")
+        return 2
+    short, long = (int(n) for n in args.requests.split(","))
+    if long <= short:
+        console.print("[red]--requests: the second length must be the larger[/]")
+        return 2
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    handle_signals()
+    key = new_key()
+    results: dict[str, float] = {}
+    with Children() as children, tempfile.TemporaryDirectory(prefix="shuniu-wire-") as tmp:
+        tmpdir = Path(tmp)
+        try:
+            baseline = baseline_path(args.baseline, tmpdir) if args.baseline else None
+            up = [sys.executable, str(HERE / "instant_upstream.py"), "--port", "0"]
+            upstream = children.start("upstream", up, tmpdir / "up.log")
+            wait_serving(upstream, 30)
+            trees = [("", None)] + ([("@base", baseline)] if baseline else [])
+            with console.status("counting") as status:
+                for target in targets:
+                    for suffix, tree in trees:
+                        counts = []
+                        for n in (short, long):
+                            status.update(f"{target}{suffix}: {n} requests under valgrind")
+                            counts.append(instructions(children, tmpdir, target, upstream.port, key, n,
+                                                       args.stream, tree))  # fmt: skip
+                        results[target + suffix] = (counts[1] - counts[0]) / (long - short)
+        except (KeyboardInterrupt, RuntimeError) as exc:
+            return failed(console.print, exc)
+    kind = "streamed" if args.stream else "whole"
+    table = Table(title=f"Instructions per request on the wire ({kind} answers, c=1)")
+    table.add_column("target")
+    table.add_column("instructions", justify="right")
+    table.add_column("vs minimal", justify="right")
+    table.add_column("vs its @base", justify="right")
+    for name, count in results.items():
+        plain = name.removesuffix("@base")
+        ref = results.get("minimal" + name[len(plain) :])
+        base = results.get(name + "@base")
+        table.add_row(
+            name,
+            f"{count / 1000:,.1f} k",
+            f"{ref / count:.3f}" if ref and name != "minimal" and plain != "minimal" else "",
+            f"{count / base:.3f}" if base else "",
+        )
+    console.print(table)
+    console.print(
+        "vs minimal: minimal's count over this one's (its requests/s ratio, if time were instructions)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
