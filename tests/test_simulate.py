@@ -330,6 +330,7 @@ def test_an_engine_that_fails_fails_the_run(monkeypatch: pytest.MonkeyPatch, met
     resolved = _deployment("{hardware: h200, model: qwen2.5-7b}", replicas=1)
     with pytest.raises(RuntimeError, match="simulated engine of m-0 failed: KeyError"):
         simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)
+    _assert_the_gateways_stopped()
 
 
 def test_a_virtual_clock_gateway_builds_its_web_app_on_first_use() -> None:
@@ -411,3 +412,14 @@ def test_a_request_whose_own_code_breaks_fails_the_run(monkeypatch: pytest.Monke
     resolved = _deployment("{ttft_ms: 10, tokens_per_s: 50}", extra="balancer: {policy: round_robin}")
     with pytest.raises(KeyError, match="a balancer's bug"):
         simulate(resolved, load_plugins(), load_workload("light", text=LIGHT), duration=30)
+    _assert_the_gateways_stopped()
+
+
+def _assert_the_gateways_stopped() -> None:
+    """A failed run stopped its gateways as a finished one does. A gateway freezes what it
+    built when it starts and thaws it when it stops: left running (its health, load and
+    autoscaling tasks pending on the closed loop), all of it would stay frozen, out of the
+    collector's reach, for the rest of the process (a capacity plan runs many trials)."""
+    import gc
+
+    assert gc.get_freeze_count() == 0

@@ -11,6 +11,7 @@ engine, one event per engine iteration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import math
@@ -591,17 +592,25 @@ def simulate(
             raise ConfigError(
                 [Problem("--model", f"the deployment has no model {default_model!r}")], resolved.source
             )
-        await _run(
-            built,
-            workload.requests(seed=seed, duration=duration),
-            default_model,
-            workload.slo,
-            result,
-            progress,
-            drain_s,
-            split,
-            stop_after,
-        )
+        try:
+            await _run(
+                built,
+                workload.requests(seed=seed, duration=duration),
+                default_model,
+                workload.slo,
+                result,
+                progress,
+                drain_s,
+                split,
+                stop_after,
+            )
+        except BaseException:
+            # A failed run stops its gateways too: their health, load and autoscaling tasks
+            # would otherwise be left pending on the closed loop.
+            for gw in built:
+                with contextlib.suppress(Exception):
+                    await gw.stop()
+            raise
 
     # A run allocates many small objects that live a while (requests, sequences, cached
     # blocks): at the default threshold the collector's young passes and the older passes
