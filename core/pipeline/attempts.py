@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 from shuniu.core.api.wire import wire_of
 from shuniu.core.contracts import Ticket
@@ -95,7 +95,7 @@ class Attempts:
                 return refusal
             res = self._state.resilience[pool.name]
             # The pool hands out slots on its own endpoints.
-            endpoint = cast(EndpointState, ticket.endpoint)
+            endpoint: EndpointState = ticket.endpoint  # type: ignore[assignment]
             backend = endpoint.backend
             gen: AsyncIterator[Chunk] | None = None
             err: GatewayError | None = None
@@ -173,7 +173,7 @@ class Attempts:
 
     def attempt_over(self, ticket: Ticket, outcome: Outcome, progress: Progress) -> None:
         """One engine attempt ended: free its slot, close its span, settle the retry count."""
-        pool = cast(Pool, ticket.pool)  # tickets of this gateway's pools
+        pool: Pool = ticket.pool  # type: ignore[assignment]  # tickets of this gateway's pools
         pool.scheduler.release(ticket, outcome)
         if progress.upstream is not None:
             progress.end_upstream()

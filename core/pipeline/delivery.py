@@ -10,7 +10,6 @@ the usage recorded once the engine call is over.
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 from shuniu.core.api.wire import wire_of
 from shuniu.core.config import TimeoutsConfig
@@ -77,7 +76,7 @@ async def send_stream(
     """The stream as SSE, from its first chunk to ``[DONE]`` (or an error event)."""
     gen = opened.stream
     assert gen is not None
-    first = cast(Chunk | None, opened.first)  # a stream's first output is a chunk
+    first: Chunk | None = opened.first  # type: ignore[assignment]  # a stream's first output is a chunk
     res = opened.resilience
     endpoint = opened.endpoint
     encoder = wire_of(req).stream(req)

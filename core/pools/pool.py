@@ -10,7 +10,7 @@ and tenant shares can still be applied.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from shuniu.core.config.endpoints import KvEventsConfig
 from shuniu.core.contracts import Backend, Balancer, Classifier, Scheduler, Ticket
@@ -260,7 +260,7 @@ class Pool:
         if picked is None:
             return None
         # A balancer returns one of the candidates it was given: this pool's own endpoints.
-        endpoint = cast(EndpointState, picked)
+        endpoint: EndpointState = picked  # type: ignore[assignment]  # one of this pool's
         cost = req.prompt_tokens + (req.max_tokens or DEFAULT_OUTPUT_TOKENS)
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += cost
@@ -279,7 +279,7 @@ class Pool:
     def first_output(ticket: Ticket) -> None:
         """The ticket's request produced its first output (or failed): its prefill is done."""
         if ticket.prefill:
-            cast(EndpointState, ticket.endpoint).prefill_tokens -= ticket.prefill
+            ticket.endpoint.prefill_tokens -= ticket.prefill  # type: ignore[attr-defined]
             ticket.prefill = 0
 
     def free(self, ticket: Ticket, outcome: Outcome) -> bool:
@@ -287,7 +287,7 @@ class Pool:
         if ticket.released:
             return False
         ticket.released = True
-        endpoint = cast(EndpointState, ticket.endpoint)
+        endpoint: EndpointState = ticket.endpoint  # type: ignore[assignment]
         endpoint.in_flight -= 1
         endpoint.in_flight_tokens -= ticket.cost
         if ticket.prefill:
