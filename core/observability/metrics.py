@@ -235,7 +235,9 @@ class GatewayMetrics:
         status = self._status.get(record.status)
         if status is None:
             status = self._status[record.status] = str(record.status)
-        self.requests.inc((model, record.endpoint or "", tier, status, record.outcome.value, code))
+        # The outcome is a StrEnum: the member is its value as a label (``.value`` is a
+        # property written in Python, a call per request).
+        self.requests.inc((model, record.endpoint or "", tier, status, record.outcome, code))
         if not model:
             return
         mt = (model, tier)
