@@ -359,14 +359,9 @@ class Tenancy:
         """:meth:`acquire` without a coroutine, for a store that keeps its state in this
         process (:attr:`sync` is true)."""
         if self._bind is not None:
-            # The common case in one frame: the plan remembered for this principal, the
-            # store's binding, and the headers written here (each was a call of its own).
-            principal = req.principal
-            recent = self._recent.get(id(principal))
-            if recent is not None and recent[0] is principal and recent[1] is tier:
-                plan = recent[2]
-            else:
-                plan = self._plan(principal, tier)
+            # The common case without the general path's Rates and Decision: the plan, the
+            # reservation, the store's binding and the headers.
+            plan = self._plan(req.principal, tier)
             if not plan.active:
                 return None
             max_tokens = req.max_tokens
@@ -382,33 +377,7 @@ class Tenancy:
             token = self._counter
             taken = binding.take(float(reserved), token)
             if taken is not None:
-                if not self.send_headers:
-                    return Admission(token, _NO_RATES, plan.leases, reserved, [], binding)
-                req_i, req_left, req_reset, tok_i, tok_left, tok_reset = taken
-                headers: list[tuple[bytes, bytes]] = []
-                # reset_bytes inline for its common (sub-second) case.
-                if req_i >= 0:
-                    headers += (
-                        plan.request_limit_headers[req_i],
-                        (_REMAINING_REQUESTS, b"%d" % req_left if req_left > 0 else b"0"),
-                        (
-                            _RESET_REQUESTS,
-                            b"%dms" % (round(req_reset * 1000) or 1)
-                            if 0 < req_reset < 0.9995
-                            else reset_bytes(req_reset),
-                        ),
-                    )
-                if tok_i >= 0:
-                    headers += (
-                        plan.token_limit_headers[tok_i],
-                        (_REMAINING_TOKENS, b"%d" % tok_left if tok_left > 0 else b"0"),
-                        (
-                            _RESET_TOKENS,
-                            b"%dms" % (round(tok_reset * 1000) or 1)
-                            if 0 < tok_reset < 0.9995
-                            else reset_bytes(tok_reset),
-                        ),
-                    )
+                headers = _taken_headers(plan, taken) if self.send_headers else []
                 return Admission(token, _NO_RATES, plan.leases, reserved, headers, binding)
             # Refused: the store's full answer, for the 429 and its headers.
         asked = self._admit(req, tier)
@@ -514,17 +483,28 @@ def _taken_headers(plan: _Plan, taken: tuple[int, int, float, int, int, float]) 
     store binding's :meth:`take` answers."""
     req, req_left, req_reset, tok, tok_left, tok_reset = taken
     out: list[tuple[bytes, bytes]] = []
+    # reset_bytes inline for its common (sub-second) case: once per limited request.
     if req >= 0:
         out += (
             plan.request_limit_headers[req],
             (_REMAINING_REQUESTS, b"%d" % req_left if req_left > 0 else b"0"),
-            (_RESET_REQUESTS, reset_bytes(req_reset)),
+            (
+                _RESET_REQUESTS,
+                b"%dms" % (round(req_reset * 1000) or 1)
+                if 0 < req_reset < 0.9995
+                else reset_bytes(req_reset),
+            ),
         )
     if tok >= 0:
         out += (
             plan.token_limit_headers[tok],
             (_REMAINING_TOKENS, b"%d" % tok_left if tok_left > 0 else b"0"),
-            (_RESET_TOKENS, reset_bytes(tok_reset)),
+            (
+                _RESET_TOKENS,
+                b"%dms" % (round(tok_reset * 1000) or 1)
+                if 0 < tok_reset < 0.9995
+                else reset_bytes(tok_reset),
+            ),
         )
     return out
 
