@@ -147,6 +147,41 @@ def test_settling_gives_back_the_unused_reservation() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize(
+    ("rpm", "reset_requests"),
+    [(120, b"500ms"), (30, b"2s")],  # one request refills in 60/rpm s: under a second, and over
+)
+def test_the_headers_of_a_booking_say_what_is_left_and_when_it_refills(
+    rpm: int, reset_requests: bytes
+) -> None:
+    # The in-process store's binding (acquire_now) and its general path (acquire) write the
+    # same x-ratelimit-* headers, with the values the limits give.
+    d = _deployment(tiers={"t": {"key_limits": {"rpm": rpm, "tpm": 6000}}})
+    p = Principal(tenant="a", key_id="k", tier="t")
+    seen = []
+    for bound in (True, False):
+        store = MemoryRateLimitStore(None)
+        store.clock = lambda: 1000.0
+        t = Tenancy(d, [], store)
+        req = _req({"max_tokens": 16}, p)  # 25 tokens reserved: 16 and the prompt's 9
+        if bound:
+            admission = t.acquire_now(req, t.tiers["t"])
+            assert admission is not None and admission.binding is not None
+        else:
+            admission = asyncio.run(t.acquire(req, t.tiers["t"]))
+            assert admission is not None and admission.binding is None
+        seen.append(admission.headers)
+    assert seen[0] == seen[1]
+    assert dict(seen[0]) == {
+        b"x-ratelimit-limit-requests": b"%d" % rpm,
+        b"x-ratelimit-remaining-requests": b"%d" % (rpm - 1),
+        b"x-ratelimit-reset-requests": reset_requests,
+        b"x-ratelimit-limit-tokens": b"6000",
+        b"x-ratelimit-remaining-tokens": b"5975",
+        b"x-ratelimit-reset-tokens": b"250ms",  # 25 tokens of 6000 a minute
+    }
+
+
 def test_a_request_too_large_for_a_token_limit_is_refused_at_once() -> None:
     async def run() -> None:
         d = _deployment(tiers={"t": {"key_limits": {"tpm": 100}}})
