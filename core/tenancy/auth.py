@@ -17,6 +17,7 @@ from typing import Any
 
 from shuniu.core.contracts import Authenticator
 from shuniu.core.errors import GatewayError
+from shuniu.core.http.asgi import header_map
 from shuniu.core.types import Principal
 
 __all__ = [
@@ -55,22 +56,15 @@ def invalid_credentials(reason: str = "Incorrect API key provided.") -> GatewayE
 
 def bearer_token(headers: Any) -> str | None:
     """The credential from ``Authorization: Bearer …`` (or an ``api-key`` or ``x-api-key``
-    header)."""
-    for key, value in headers:
-        if key == _AUTHORIZATION:
-            if value[:7].lower() == _BEARER:
-                token = value[7:].strip()
-                return token.decode("latin-1") if token else None
-            return None
-        if key == _API_KEY or key == _X_API_KEY:
-            token = value.strip()
-            return token.decode("latin-1") if token else None
-    return None
+    header) among the raw ASGI header pairs: :func:`bearer_token_of` their header map, so
+    every route reads the same credential from the same headers."""
+    return bearer_token_of(header_map(headers))
 
 
 def bearer_token_of(headers: Mapping[bytes, bytes]) -> str | None:
-    """:func:`bearer_token` from a request's header map (name → first value): ``Authorization``
-    decides when it is there, else ``api-key``, else ``x-api-key``."""
+    """The credential from a request's header map (name → first value, see
+    :func:`~shuniu.core.http.asgi.header_map`): ``Authorization: Bearer …`` decides when that
+    header is there, else ``api-key``, else ``x-api-key``."""
     value = headers.get(_AUTHORIZATION)
     if value is not None:
         if value[:7].lower() == _BEARER:
