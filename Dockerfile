@@ -12,8 +12,11 @@
 ARG PYTHON_IMAGE=python:3.12-slim
 
 FROM ${PYTHON_IMAGE} AS build
+# The gateway does not need the simulator compiled (setup.py; the slim image has no C
+# compiler): set SHUNIU_COMPILE=1, on an image with gcc, for an image that plans capacity.
+ARG SHUNIU_COMPILE=0
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY core core
 COPY plugins plugins
 COPY backends backends

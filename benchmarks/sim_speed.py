@@ -12,16 +12,29 @@ The workload is ``examples/workloads/chat-shared-prefix.yaml`` scaled so its ste
 Each round runs the leap setting and the stepping one back to back, so a slower moment of a
 shared machine hits both; the table has each setting's median and the runs agree on every
 latency figure (the script checks). Startup (imports, plugins) is not counted: ``wall_s`` is
-the simulation's own.
+the simulation's own. The header says whether the simulator runs compiled (``setup.py``).
+
+``--compare DIR`` also runs the leap setting on the ``shuniu`` installed in ``DIR`` (each
+setting then in a child process of its own, alternating): for example the compiled build
+against the pure-Python source of an editable install::
+
+    pip install --no-deps --target /tmp/compiled .            # compiled (needs a C compiler)
+    .venv/bin/python benchmarks/sim_speed.py --compare /tmp/compiled --rounds 4
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+from shuniu.backends.sim import compiled_modules
 from shuniu.core.config.loader import load_deployment
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.traffic import describe, load_workload
@@ -42,8 +55,55 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=50.0, help="steady requests/s")
     ap.add_argument("--duration", type=float, default=300.0, help="simulated seconds")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--compare", metavar="DIR", help="also run the leaps on the shuniu installed in DIR")
+    ap.add_argument("--child", type=int, metavar="LEAP", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(run_once(args, args.child)))
+        return
 
+    settings = [("leaps", 512, None), ("stepping", 1, None)]
+    if args.compare:
+        settings = [("leaps", 512, ""), (f"leaps, {args.compare}", 512, args.compare), ("stepping", 1, "")]
+    print(f"this simulator: {_build(compiled_modules())}", flush=True)
+    walls: dict[str, list[float]] = {name: [] for name, _, _ in settings}
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(args.rounds):
+        for name, leap, where in settings:
+            out = run_once(args, leap) if where is None else _child(args, leap, where)
+            walls[name].append(out["wall_s"])
+            seen[name] = out["summary"]
+            sim_s = out["summary"]["sim_time_s"]
+            print(
+                f"{name:>8}: {out['summary']['requests_completed']:,} requests, {sim_s:,.0f} simulated s in "
+                f"{out['wall_s']:.2f} s = {sim_s / out['wall_s']:.0f}x real time ({_build(out['compiled'])})",
+                flush=True,
+            )
+    first = settings[0][0]
+    for name, _, _ in settings[1:]:
+        for key in CHECKED:
+            a, b = seen[first][key], seen[name][key]
+            assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{key} differs ({first}, {name}): {a} vs {b}"
+    print(
+        f"\n{args.replicas} x {args.model} TP {args.tp} on {args.hardware}, chunk {args.chunk}, "
+        f"{args.balancer}, {args.rate:g} req/s, {args.duration:,.0f} simulated s, median of {args.rounds}:"
+    )
+    width = max(10, *(len(name) for name in walls))
+    print(f"{'':>{width}} {'wall s':>8} {'x real time':>12} {'us / request':>13}")
+    n = seen[first]["requests_completed"]
+    for name, values in walls.items():
+        wall = statistics.median(values)
+        print(f"{name:>{width}} {wall:8.2f} {args.duration / wall:12.0f} {wall / n * 1e6:13,.0f}")
+    print("(the same latencies in every setting: checked)")
+
+
+def _build(compiled: list[str]) -> str:
+    return f"compiled ({', '.join(compiled)})" if compiled else "pure Python"
+
+
+def run_once(args: argparse.Namespace, leap: int) -> dict[str, Any]:
+    """One simulation: its wall time, the figures the settings must agree on, and which
+    modules ran compiled."""
     plugins = load_plugins()
     base = load_workload(ROOT / "examples" / "workloads" / "chat-shared-prefix.yaml")
     workload = base.scaled(args.rate / describe(base)["request_rate"])
@@ -60,34 +120,29 @@ def main() -> None:
                            max_num_batched_tokens: {args.chunk}}}
         """
     )
-    walls: dict[str, list[float]] = {"leaps": [], "stepping": []}
-    seen: dict[str, dict[str, float]] = {}
-    for _ in range(args.rounds):
-        for name, leap in (("leaps", 512), ("stepping", 1)):
-            resolved = load_deployment(None, plugins, text=text)
-            result = simulate(resolved, plugins, workload, duration=args.duration, seed=0, leap_steps=leap)
-            s = result.summary()
-            walls[name].append(result.wall_s)
-            seen[name] = {k: s[k] for k in CHECKED}
-            sim_s = s["sim_time_s"]
-            print(
-                f"{name:>8}: {s['requests_completed']:,} requests, {sim_s:,.0f} simulated s in "
-                f"{result.wall_s:.2f} s = {sim_s / result.wall_s:.0f}x real time",
-                flush=True,
-            )
-    for key in CHECKED:
-        a, b = seen["leaps"][key], seen["stepping"][key]
-        assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{key} differs: {a} vs {b}"
-    print(
-        f"\n{args.replicas} x {args.model} TP {args.tp} on {args.hardware}, chunk {args.chunk}, "
-        f"{args.balancer}, {args.rate:g} req/s, {args.duration:,.0f} simulated s, median of {args.rounds}:"
-    )
-    print(f"{'':>10} {'wall s':>8} {'x real time':>12} {'us / request':>13}")
-    n = seen["leaps"]["requests_completed"]
-    for name, values in walls.items():
-        wall = statistics.median(values)
-        print(f"{name:>10} {wall:8.2f} {args.duration / wall:12.0f} {wall / n * 1e6:13,.0f}")
-    print("(the same latencies either way: checked)")
+    resolved = load_deployment(None, plugins, text=text)
+    result = simulate(resolved, plugins, workload, duration=args.duration, seed=0, leap_steps=leap)
+    s = result.summary()
+    return {
+        "wall_s": result.wall_s,
+        "summary": {k: s[k] for k in (*CHECKED, "sim_time_s")},
+        "compiled": compiled_modules(),
+    }
+
+
+def _child(args: argparse.Namespace, leap: int, where: str) -> dict[str, Any]:
+    """:func:`run_once` in a child process, with the ``shuniu`` in ``where`` first on its
+    path (``""``: this process's own)."""
+    keys = ("hardware", "model", "tp", "replicas", "chunk", "balancer")
+    argv = [f"--{key}={getattr(args, key)}" for key in keys]
+    argv += [f"--rate={args.rate!r}", f"--duration={args.duration!r}", f"--child={leap}"]
+    env = dict(os.environ)
+    if where:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [where, env.get("PYTHONPATH", "")]))
+    command = [sys.executable, __file__, *argv]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return result
 
 
 if __name__ == "__main__":

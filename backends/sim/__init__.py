@@ -3,7 +3,8 @@
 The engine model is vLLM-style continuous batching over a paged, prefix-cached KV cache
 (``engine``, ``kvcache``), timed by a roofline cost model of a model profile on a hardware
 profile (``costmodel``, ``profiles`` with the shipped ``data/``) or at a fixed rate
-(``timing``), with injected faults (``faults``); ``disagg`` puts prefill engines and decode
+(``timing``), with injected faults (``faults``); ``compiled`` says which of these
+modules run compiled (mypyc, ``setup.py``); ``disagg`` puts prefill engines and decode
 engines behind one endpoint (a prefill/decode split). ``backend`` adapts it to the gateway
 (``kind: sim``, the embedded default); ``metrics`` renders an engine's state as vLLM's
 Prometheus metrics.
@@ -21,6 +22,7 @@ from shuniu.core.lazy import lazy_exports
 if TYPE_CHECKING:
     from shuniu.backends.sim.backend import SimBackend
     from shuniu.backends.sim.build import EngineSetup, build_engine
+    from shuniu.backends.sim.compiled import COMPILED_MODULES, compiled_modules
     from shuniu.backends.sim.costmodel import CostModel, StepBreakdown
     from shuniu.backends.sim.disagg import DisaggregatedEngine
     from shuniu.backends.sim.engine import CostFunction, EngineConfig, EngineCore, Seq, SimEngine
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from shuniu.backends.sim.timing import FixedRateCost
 
 __all__ = [
+    "COMPILED_MODULES",
     "CONTENT_TYPE",
     "ENV_PROFILE_PATH",
     "GIB",
@@ -73,6 +76,7 @@ __all__ = [
     "SimOptions",
     "StepBreakdown",
     "build_engine",
+    "compiled_modules",
     "kv_bytes_per_token",
     "kv_cache_tokens",
     "kv_report",
@@ -94,6 +98,8 @@ __getattr__, __dir__ = lazy_exports(
         "SimBackend": "shuniu.backends.sim.backend",
         "EngineSetup": "shuniu.backends.sim.build",
         "build_engine": "shuniu.backends.sim.build",
+        "COMPILED_MODULES": "shuniu.backends.sim.compiled",
+        "compiled_modules": "shuniu.backends.sim.compiled",
         "DisaggregatedEngine": "shuniu.backends.sim.disagg",
         "CostModel": "shuniu.backends.sim.costmodel",
         "StepBreakdown": "shuniu.backends.sim.costmodel",

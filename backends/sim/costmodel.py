@@ -288,7 +288,7 @@ class CostModel:
             return [gemm + kv * c_pair + overhead + fixed + comm for kv in kvs]
         if r0 > a0 * _MARGIN and r1 > a1 * _MARGIN and host <= gemm + r0 + overhead:
             return [gemm + (kv + d) * m_kv + overhead + fixed + comm for kv in kvs]
-        steps = []
+        steps: list[float] = []
         append = steps.append
         for kv in kvs:
             attn = kv * c_pair
@@ -345,7 +345,7 @@ class CostModel:
         if gemm < self._m_fixed:
             gemm = self._m_fixed
         attn = (prefill_attn + decode_kv_tokens) * self._c_pair * share
-        kv = decode_kv_tokens + tokens
+        kv = float(decode_kv_tokens + tokens)  # as int * float would convert it
         if prefill_tokens:
             kv += prefill_attn / prefill_tokens
         kv *= self._m_kv * share

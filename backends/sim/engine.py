@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from shuniu.backends.sim.cohort import Cohort, running_order
 from shuniu.backends.sim.costmodel import jitter_factor
 from shuniu.backends.sim.kvcache import BlockPool, Hits, Run
@@ -413,7 +415,7 @@ class EngineCore:
         lo, hi = b * bs - p, full * bs - p
         outs = self._output_ids(seq, hi)[lo:hi]
         if not isinstance(outs, list):  # an array's ids made into ints once, not per slice
-            outs = outs.tolist()
+            outs = outs.tolist()  # type: ignore[attr-defined]  # an array.array
         # Blocks of output only, a tuple each straight from one iterator (zip takes `bs` at a
         # time; hi - lo is whole blocks).
         for ids_of_block in zip(*[iter(outs)] * bs, strict=False):
@@ -450,9 +452,9 @@ class EngineCore:
             if batch.items:
                 return batch
         if self.cohort.members:
-            batch = self._schedule_with_cohort()
-            if batch is not None:
-                return batch
+            planned = self._schedule_with_cohort()
+            if planned is not None:
+                return planned
             self._solo.update(self.cohort.disband())  # planned one by one, as below
         pool = self.pool
         budget = cfg.max_num_batched_tokens
@@ -990,7 +992,7 @@ class EngineCore:
         for first, stop in stored:
             events.append(
                 BlockStored(
-                    hashes[first:stop],
+                    hashes[first:stop],  # type: ignore[arg-type]  # ints, one of BlockHash's kinds
                     hashes[first - 1] if first else None,
                     # a list, as the wire type says (a workload's prompt is an array)
                     list(self._all_tokens(seq, first * bs, stop * bs)),
@@ -1027,6 +1029,7 @@ def _wake(seq: Seq, finished: bool) -> None:
 _MAX_HOST_SHARE = 0.95  # a saturated host core still admits, 20x slower
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py), still a base class
 class SimEngine:
     """Runs an :class:`EngineCore` on the current event loop, one timer per iteration."""
 
@@ -1076,9 +1079,16 @@ class SimEngine:
         """The engine's cores: its one (a prefill/decode split has several)."""
         return [self.core]
 
-    prompt_cores = output_cores = cores
-    """The cores that compute prompts, and those whose tokens reach the client: both this
-    one (:class:`~shuniu.backends.sim.disagg.DisaggregatedEngine` splits them)."""
+    @property
+    def prompt_cores(self) -> list[EngineCore]:
+        """The cores that compute prompts: this one
+        (:class:`~shuniu.backends.sim.disagg.DisaggregatedEngine` splits them)."""
+        return [self.core]
+
+    @property
+    def output_cores(self) -> list[EngineCore]:
+        """The cores whose tokens reach the client: this one."""
+        return [self.core]
 
     def publish_kv_events(self, publish: Callable[[EventBatch], None]) -> None:
         """Hand each step's KV events (blocks cached, blocks evicted) to ``publish``."""

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from shuniu.core.blockhash import common_length
+from shuniu.core.kv_events.wire import BlockHash
 
 __all__ = ["BlockPool", "Holder", "Run"]
 
@@ -87,7 +88,7 @@ class BlockPool:
         self._idle_blocks = 0
         self.used = 0  # blocks with at least one user
         self.evictions = 0
-        self.removed: list[int] | None = None
+        self.removed: list[BlockHash] | None = None
         """Hashes no longer findable since the engine last published KV events (``None``:
         the engine publishes none)."""
 

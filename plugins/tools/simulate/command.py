@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from shuniu.backends.sim import compiled_modules
 from shuniu.core.errors import ConfigError
 
 __all__ = ["simulate_command", "simulation_progress"]
@@ -185,6 +186,7 @@ def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  
         ("rejected", f"{s['rejected']:,}" + (f" {s['rejected_by_code']}" if s["rejected"] else "")),
         ("simulated time (s)", f"{s['sim_time_s']:,.1f}"),
         ("wall time (s)", f"{s['wall_s']:,.2f} ({s['simulated_requests_per_wall_s']:,.0f} requests/s)"),
+        ("simulator build", "compiled" if compiled_modules() else "pure Python (docs/simulator.md: speed)"),
     ]
     for k, v in rows:
         table.add_row(k, v)

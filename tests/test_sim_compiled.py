@@ -1,0 +1,125 @@
+"""The simulator as a regular install builds it: ``setup.py`` compiles its hot modules with
+mypyc. Built here as a user's ``pip install .`` would (a wheel from a copy of this tree), the
+compiled simulator must give the same results as the pure-Python source it was compiled from,
+bit for bit, and pass the simulator's own tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from shuniu.backends.sim import COMPILED_MODULES, compiled_modules
+from tests.sim_summaries import summaries
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_TESTS = [
+    "tests/test_sim_engine.py",
+    "tests/test_sim_leaps.py",
+    "tests/test_sim_cohort.py",
+    "tests/test_sim_core.py",
+    "tests/test_sim_costmodel.py",
+    "tests/test_sim_costmodel_terms.py",
+    "tests/test_sim_stats.py",
+    "tests/test_sim_faults.py",
+    "tests/test_kvcache.py",
+    "tests/test_disaggregation.py",
+    "tests/test_simulate.py",
+    "tests/test_sim_plan.py",
+]
+"""The simulator's tests that run again on the compiled build."""
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _build_problem() -> str | None:
+    """Why a compiled build cannot be made here, or ``None``."""
+    try:
+        import mypyc.build  # noqa: F401
+    except ImportError:
+        return "mypyc is not installed (the test extra installs it)"
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler})"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        return "no Python headers (Python.h)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def compiled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the installed files of a wheel built from this tree."""
+    problem = _build_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    if compiled_modules():
+        pytest.skip("this process already runs a compiled simulator: compare from a source checkout")
+    base = tmp_path_factory.mktemp("compiled")
+    src = base / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
+    for part in ("core", "plugins", "backends", "hardware"):
+        shutil.copytree(ROOT / part, src / part, ignore=skip)
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    dist = base / "dist"
+    env = {**os.environ, "SHUNIU_COMPILE": "1"}
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", dist, src],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    notes = [line for line in (build.stdout + build.stderr).splitlines() if "shuniu build:" in line]
+    assert not notes, "\n".join(notes)  # the build fell back to pure Python
+    (wheel,) = dist.glob("shuniu-*.whl")
+    site = base / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site
+
+
+def _run_on(site: Path, *argv: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    """``python argv`` in this checkout with the wheel's files first on the path: its
+    ``shuniu`` shadows the editable install (the checkout's root, on the path for
+    ``tests``, holds no ``shuniu`` folder)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), **env_vars}
+    command = [sys.executable, *argv]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=800)
+
+
+def test_the_build_compiles_the_hot_modules(compiled_site: Path) -> None:
+    probe = _run_on(compiled_site, "-c", "from shuniu.backends.sim import compiled_modules as c; print(*c())")
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert probe.stdout.split() == list(COMPILED_MODULES)
+
+
+def test_compiled_and_pure_simulations_agree_bit_for_bit(compiled_site: Path) -> None:
+    duration = 20.0
+    run = _run_on(compiled_site, "-m", "tests.sim_summaries", str(duration))
+    assert run.returncode == 0, run.stderr[-3000:]
+    *compiled, built = run.stdout.splitlines()
+    assert built == "compiled " + json.dumps(list(COMPILED_MODULES))
+    pure = summaries(duration)
+    assert len(compiled) == len(pure)
+    for ours, theirs in zip(pure, compiled, strict=True):
+        assert ours == theirs, f"{ours.split(' ', 2)[:2]} differs compiled"
+
+
+def test_the_simulator_tests_pass_compiled(compiled_site: Path) -> None:
+    # CI=0: a test that cannot apply to compiled code skips (it patches an engine method);
+    # every skip must be one of those.
+    pytest = ("-m", "pytest", "-q", "-rs", "-x", "-p", "no:cacheprovider")
+    run = _run_on(compiled_site, *pytest, *SIM_TESTS, CI="0")
+    assert run.returncode == 0, run.stdout[-4000:]
+    skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("compiled engine" in line for line in skips), skips
