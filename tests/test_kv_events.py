@@ -100,6 +100,24 @@ def test_the_index_matches_a_requests_own_hash_chain_and_follows_removals() -> N
     assert index.match_sparse(hashes, 0b11) == {0: 2} and index.blocks(1) == 0
 
 
+def test_an_event_with_too_few_token_ids_keys_only_its_whole_blocks() -> None:
+    # Four block hashes but ten ids for blocks of 4: the first two blocks have keys; the
+    # third would be a part of a block (the fourth nothing) and is counted instead, and a
+    # later event continuing from one of them is an orphan.
+    index = KvBlockIndex()
+    ids = list(range(200, 216))
+    index.apply(0, EventBatch(0.0, [_stored([21, 22, 23, 24], None, ids[:10])]))
+    hashes = prefix_hashes(_req(ids), 256, 4)
+    assert index.match_sparse(hashes, 1) == {0: 2}
+    assert index.blocks(0) == 2 and index.blocks_stored == 2
+    assert index.malformed == {0: 2} and index.orphans == 0
+    index.apply(0, EventBatch(0.1, [_stored([25], 24, ids[12:16])]))
+    assert index.orphaned == {0: 1}
+    index.apply(1, EventBatch(0.2, [_stored([31], None, [])]))  # no ids at all: nothing keyed
+    assert index.malformed == {0: 2, 1: 1} and index.blocks(1) == 0
+    assert len(index) == 2
+
+
 def test_a_salted_copy_of_the_same_tokens_keeps_the_block_until_both_go() -> None:
     index = KvBlockIndex()
     ids = [1, 2, 3, 4]
@@ -367,6 +385,11 @@ models:
         assert {s.endpoint for s in sent} == set(ports), shown
         assert sum(s.hits for s in sent) > 0 and any(s.hits == 0 for s in sent), shown
         assert all(s.hits >= s.prompt_tokens // 2 for s in sent[9:]), shown
+        # Every block the engines stored was keyed: none skipped, for either reason.
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        name = "shuniu_kv_event_skipped_blocks_total"
+        skipped = [line for line in metrics.splitlines() if line.startswith(name)]
+        assert len(skipped) == 2 * len(ports) and all(line.endswith(" 0.0") for line in skipped), skipped
     finally:
         gw.stop()
         for srv in servers:

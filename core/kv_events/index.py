@@ -47,10 +47,11 @@ class KvBlockIndex:
         "batches",
         "block_size",
         "blocks_stored",
+        "malformed",
         "max_blocks",
         "on_cleared",
         "on_removed",
-        "orphans",
+        "orphaned",
     )
 
     def __init__(self, max_blocks: int = 1_000_000) -> None:
@@ -66,12 +67,21 @@ class KvBlockIndex:
         """Called with (endpoint, key) when an endpoint no longer holds a block."""
         self.on_cleared: Callable[[int], None] | None = None
         """Called with the endpoint when everything it held is forgotten."""
-        self.orphans = 0
-        """Stored blocks skipped because their parent was never seen (events missed before
-        this index started, or lost): they stay invisible until stored again."""
+        self.orphaned: dict[int, int] = {}
+        """Endpoint → stored blocks skipped because their parent was never seen (events
+        missed before this index started, or lost): they stay invisible until stored again."""
+        self.malformed: dict[int, int] = {}
+        """Endpoint → stored blocks skipped because their event carried fewer token ids than
+        its blocks hold (or no block size): their keys cannot be computed. A block after one
+        of them is then an orphan."""
 
     def __len__(self) -> int:
         return len(self._table)
+
+    @property
+    def orphans(self) -> int:
+        """Stored blocks skipped for a parent never seen, over all endpoints."""
+        return sum(self.orphaned.values())
 
     def blocks(self, endpoint: int) -> int:
         """Blocks the index knows ``endpoint`` to hold."""
@@ -96,19 +106,29 @@ class KvBlockIndex:
         if e is None:
             e = self._endpoints[endpoint] = _Endpoint()
         keys, counts = e.keys, e.counts
-        bs = self.block_size = ev.block_size
+        engine_hashes = ev.block_hashes
+        bs = ev.block_size
         if ev.parent_block_hash is None:
             h = bs  # the seed prefix_hashes uses
         else:
             parent = keys.get(ev.parent_block_hash)
             if parent is None:
-                self.orphans += len(ev.block_hashes)
+                self.orphaned[endpoint] = self.orphaned.get(endpoint, 0) + len(engine_hashes)
                 return
             h = parent
         ids = ev.token_ids
+        if bs <= 0 or len(ids) < len(engine_hashes) * bs:
+            # Only the blocks its ids cover whole have a key; a slice past the ids' end would
+            # hash a part of a block (or nothing) into a key no request ever matches.
+            whole = len(ids) // bs if bs > 0 else 0
+            self.malformed[endpoint] = self.malformed.get(endpoint, 0) + len(engine_hashes) - whole
+            if not whole:
+                return
+            engine_hashes = engine_hashes[:whole]
+        self.block_size = bs
         table = self._table
         bit = 1 << endpoint
-        for i, engine_hash in enumerate(ev.block_hashes):
+        for i, engine_hash in enumerate(engine_hashes):
             h = hash((h, tuple(ids[i * bs : (i + 1) * bs])))
             if engine_hash in keys:
                 continue  # stored twice (a replay overlapping what came live)
@@ -120,7 +140,7 @@ class KvBlockIndex:
             else:
                 table[h] = mask | bit
                 table.move_to_end(h)
-        self.blocks_stored += len(ev.block_hashes)
+        self.blocks_stored += len(engine_hashes)
         if len(keys) > self.max_blocks:
             old = list(islice(keys, len(keys) - self.max_blocks))  # the oldest, not a copy of all
             self._removed(endpoint, old)

@@ -326,6 +326,12 @@ def _kv_event_metrics(gw: StateView) -> Iterable[Metric]:
     )
     gaps = CounterMetricFamily("shuniu_kv_event_gaps", "Times the endpoint's events had a gap.", labels=ep)
     blocks = _gauge("shuniu_kv_index_blocks", "KV blocks the index knows the endpoint's engine holds.", ep)
+    skipped = CounterMetricFamily(
+        "shuniu_kv_event_skipped_blocks",
+        "Stored blocks from the endpoint's events the index could not key: reason orphan (a "
+        "parent never seen), malformed (fewer token ids than the blocks hold).",
+        labels=[*ep, "reason"],
+    )
     for name, pool_feeds in feeds.items():
         for feed in pool_feeds:
             labels = [name, feed.name]
@@ -333,7 +339,9 @@ def _kv_event_metrics(gw: StateView) -> Iterable[Metric]:
             resets.add_metric(labels, feed.resets)
             gaps.add_metric(labels, feed.gaps)
             blocks.add_metric(labels, feed.index.blocks(feed.endpoint))
-    yield from (batches, resets, gaps, blocks)
+            skipped.add_metric([*labels, "orphan"], feed.index.orphaned.get(feed.endpoint, 0))
+            skipped.add_metric([*labels, "malformed"], feed.index.malformed.get(feed.endpoint, 0))
+    yield from (batches, resets, gaps, blocks, skipped)
 
 
 class _LiveCollector(Collector):
