@@ -396,8 +396,10 @@ def test_a_gateway_streams_through_vllm(gateway_factory, server: Server) -> None
         logprobs=True,
         extra_body={"ignore_eos": True},
     )
+    # How many events carry the 8 tokens is vLLM's affair (a slow moment of its CPU build
+    # puts several in one): each event with text carries its tokens' logprobs.
     texts = [c for c in with_logprobs if c.choices and c.choices[0].delta.content]
-    assert len(texts) >= 3 and all(c.choices[0].logprobs is not None for c in texts)
+    assert texts and all(c.choices[0].logprobs is not None and c.choices[0].logprobs.content for c in texts)
     assert all(c.model == "chat" and c.id.startswith("chatcmpl-") and c.usage is None for c in texts)
 
     def ready() -> dict[str, Any] | None:
