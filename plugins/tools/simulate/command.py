@@ -186,7 +186,7 @@ def _print_tables(s: dict, deployment: Path, workload: Path, console) -> None:  
         ("rejected", f"{s['rejected']:,}" + (f" {s['rejected_by_code']}" if s["rejected"] else "")),
         ("simulated time (s)", f"{s['sim_time_s']:,.1f}"),
         ("wall time (s)", f"{s['wall_s']:,.2f} ({s['simulated_requests_per_wall_s']:,.0f} requests/s)"),
-        ("simulator build", "compiled" if compiled_modules() else "pure Python (docs/simulator.md: speed)"),
+        ("simulator build", "compiled" if compiled_modules() else "pure Python (docs/simulator.md)"),
     ]
     for k, v in rows:
         table.add_row(k, v)
