@@ -79,22 +79,23 @@ def _extensions() -> list[Any]:
     except ImportError:
         _note("mypyc is not installed: the simulator stays pure Python")
         return []
-    # mypy names a module after its path: the sources are staged as a ``shuniu`` tree
-    # (links to the folders), which is how they are imported.
     stage = ROOT / "build" / "mypyc-src"
-    shutil.rmtree(stage, ignore_errors=True)
-    (stage / "shuniu").mkdir(parents=True)
-    for part in PARTS:
-        (stage / "shuniu" / part).symlink_to(ROOT / part, target_is_directory=True)
     cwd = Path.cwd()
-    os.chdir(stage)
     try:
+        # mypy names a module after its path: the sources are staged as a ``shuniu`` tree
+        # (links to the folders), which is how they are imported.
+        shutil.rmtree(stage, ignore_errors=True)
+        (stage / "shuniu").mkdir(parents=True)
+        for part in PARTS:
+            (stage / "shuniu" / part).symlink_to(ROOT / part, target_is_directory=True)
+        os.chdir(stage)
         extensions = mypycify(
             [*(f"shuniu/{path}" for path in _compiled_paths()), *MYPY_FLAGS],
             target_dir=str(ROOT / "build" / "mypyc-c"),
             group_name="shuniu_sim",
         )
-    except (Exception, SystemExit) as exc:  # mypy exits through SystemExit on a type error
+    except (Exception, SystemExit) as exc:  # mypy exits through SystemExit on a type error;
+        # a file system without symbolic links fails the staging
         _note(f"mypyc could not compile the simulator ({exc!r}): it stays pure Python")
         return []
     finally:
