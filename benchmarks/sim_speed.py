@@ -20,6 +20,9 @@ against the pure-Python source of an editable install::
 
     pip install --no-deps --target /tmp/compiled .            # compiled (needs a C compiler)
     .venv/bin/python benchmarks/sim_speed.py --compare /tmp/compiled --rounds 4
+
+``--compiled`` does both: it builds this tree that way into a temporary folder first (about a
+minute) and compares with it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -56,16 +60,31 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0, help="simulated seconds")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--compare", metavar="DIR", help="also run the leaps on the shuniu installed in DIR")
+    ap.add_argument("--compiled", action="store_true", help="build this tree compiled and --compare with it")
     ap.add_argument("--child", type=int, metavar="LEAP", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(run_once(args, args.child)))
         return
+    if args.compiled:
+        with tempfile.TemporaryDirectory(prefix="shuniu-compiled-") as where:
+            print(f"building this tree compiled into {where} ...", flush=True)
+            build = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", where, str(ROOT)]
+            subprocess.run(build, check=True, env={**os.environ, "SHUNIU_COMPILE": "1"})
+            args.compare = where
+            _compare(args)
+        return
+    _compare(args)
 
+
+def _compare(args: argparse.Namespace) -> None:
     settings = [("leaps", 512, None), ("stepping", 1, None)]
     if args.compare:
         settings = [("leaps", 512, ""), (f"leaps, {args.compare}", 512, args.compare), ("stepping", 1, "")]
-    print(f"this simulator: {_build(compiled_modules())}", flush=True)
+    this = compiled_modules()
+    print(f"this simulator: {_build(this)}", flush=True)
+    if not this and not args.compare:
+        print("(an editable install runs the sources: --compiled measures the build `pip install .` makes)")
     walls: dict[str, list[float]] = {name: [] for name, _, _ in settings}
     seen: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
