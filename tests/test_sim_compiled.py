@@ -34,6 +34,7 @@ SIM_TESTS = [
     "tests/test_disaggregation.py",
     "tests/test_simulate.py",
     "tests/test_sim_plan.py",
+    "tests/test_sim_serve.py",
 ]
 """The simulator's tests that run again on the compiled build."""
 
