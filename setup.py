@@ -91,7 +91,7 @@ def _extensions() -> list[Any]:
         os.chdir(stage)
         extensions = mypycify(
             [*(f"shuniu/{path}" for path in _compiled_paths()), *MYPY_FLAGS],
-            target_dir=str(ROOT / "build" / "mypyc-c"),
+            target_dir=str(ROOT / "build" / "mypyc-c"),  # absolute: the C files' names hold after the chdir
             group_name="shuniu_sim",
         )
     except (Exception, SystemExit) as exc:  # mypy exits through SystemExit on a type error;
@@ -100,9 +100,6 @@ def _extensions() -> list[Any]:
         return []
     finally:
         os.chdir(cwd)
-    for ext in extensions:  # their sources named relative to the stage
-        ext.sources = [src if os.path.isabs(src) else str(stage / src) for src in ext.sources]
-        ext.include_dirs = [d if os.path.isabs(d) else str(stage / d) for d in ext.include_dirs]
     return extensions
 
 

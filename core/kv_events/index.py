@@ -107,7 +107,7 @@ class KvBlockIndex:
             e = self._endpoints[endpoint] = _Endpoint()
         keys, counts = e.keys, e.counts
         engine_hashes = ev.block_hashes
-        bs = ev.block_size
+        bs = self.block_size = ev.block_size
         if ev.parent_block_hash is None:
             h = bs  # the seed prefix_hashes uses
         else:
@@ -125,7 +125,6 @@ class KvBlockIndex:
             if not whole:
                 return
             engine_hashes = engine_hashes[:whole]
-        self.block_size = bs
         table = self._table
         bit = 1 << endpoint
         for i, engine_hash in enumerate(engine_hashes):
