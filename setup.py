@@ -1,10 +1,11 @@
-"""The build's one piece of code: compile the simulator's hot modules with mypyc.
+"""The build's one piece of code: compile a few hot modules with mypyc.
 
-Everything else about the package is in ``pyproject.toml``. The simulated engine (its
-iterations, KV blocks, cohorts, cost model and latency histograms) is where ``shuniu
-simulate`` and ``shuniu plan`` spend their time; compiled, the same source runs about a
-fifth faster (``benchmarks/sim_speed.py``), with the same results bit for bit
-(``tests/test_sim_compiled.py``). The pure-Python modules stay the reference and the
+Everything else about the package is in ``pyproject.toml``. The modules are listed in
+``core/compiled.py``: the simulated engine (its iterations, KV blocks, cohorts, cost model
+and latency histograms), where ``shuniu simulate`` and ``shuniu plan`` spend their time
+(compiled, about a fifth faster: ``benchmarks/sim_speed.py``), and the memory rate-limit
+store's per-request booking. Compiled, they give the same results bit for bit
+(``tests/test_compiled_build.py``). The pure-Python modules stay the reference and the
 fallback:
 
 * ``SHUNIU_COMPILE=0`` builds without compiling;
@@ -31,12 +32,12 @@ ROOT = Path(__file__).resolve().parent
 
 def _compiled_paths() -> list[str]:
     """The modules to compile, as paths in this tree (each is imported as ``shuniu.<path>``):
-    ``COMPILED_MODULES`` of ``backends/sim/compiled.py``, read without importing it."""
-    tree = ast.parse((ROOT / "backends" / "sim" / "compiled.py").read_text())
+    ``COMPILED_PATHS`` of ``core/compiled.py``, read without importing it."""
+    tree = ast.parse((ROOT / "core" / "compiled.py").read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMPILED_MODULES":
-            return [f"backends/sim/{name}.py" for name in ast.literal_eval(node.value)]
-    raise RuntimeError("backends/sim/compiled.py has no COMPILED_MODULES")
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMPILED_PATHS":
+            return list(ast.literal_eval(node.value))
+    raise RuntimeError("core/compiled.py has no COMPILED_PATHS")
 
 
 MYPY_FLAGS = ("--follow-imports=silent", "--explicit-package-bases")
@@ -60,14 +61,14 @@ def _note(message: str) -> None:
 
 def _drop_stale_builds() -> None:
     """Remove compiled modules an earlier build left in ``build/``: a wheel packs what is
-    there, and one built without compiling must not carry an old compiled engine."""
+    there, and one built without compiling must not carry an old compiled module."""
     for lib in ROOT.glob("build/lib*"):
-        for stale in [
-            *lib.glob("shuniu_sim__mypyc*"),
-            *lib.glob("shuniu/backends/sim/*.so"),
-            *lib.glob("shuniu/backends/sim/*.pyd"),
-        ]:
-            stale.unlink()
+        stale = [*lib.glob("shuniu_sim__mypyc*"), *lib.glob("shuniu_compiled__mypyc*")]
+        for path in _compiled_paths():
+            stem = str(Path("shuniu") / path).removesuffix(".py")
+            stale += [*lib.glob(f"{stem}.*.so"), *lib.glob(f"{stem}.*.pyd")]
+        for found in stale:
+            found.unlink()
 
 
 def _extensions() -> list[Any]:
@@ -77,7 +78,7 @@ def _extensions() -> list[Any]:
     try:
         from mypyc.build import mypycify
     except ImportError:
-        _note("mypyc is not installed: the simulator stays pure Python")
+        _note("mypyc is not installed: every module stays pure Python")
         return []
     stage = ROOT / "build" / "mypyc-src"
     cwd = Path.cwd()
@@ -92,11 +93,11 @@ def _extensions() -> list[Any]:
         extensions = mypycify(
             [*(f"shuniu/{path}" for path in _compiled_paths()), *MYPY_FLAGS],
             target_dir=str(ROOT / "build" / "mypyc-c"),  # absolute: the C files' names hold after the chdir
-            group_name="shuniu_sim",
+            group_name="shuniu_compiled",
         )
     except (Exception, SystemExit) as exc:  # mypy exits through SystemExit on a type error;
         # a file system without symbolic links fails the staging
-        _note(f"mypyc could not compile the simulator ({exc!r}): it stays pure Python")
+        _note(f"mypyc could not compile ({exc!r}): every module stays pure Python")
         return []
     finally:
         os.chdir(cwd)
@@ -112,7 +113,7 @@ class BuildExtOrPure(build_ext):
         try:
             super().run()
         except Exception as exc:  # a missing compiler, a compiler error
-            _note(f"compiling the simulator failed ({exc}): it stays pure Python")
+            _note(f"compiling failed ({exc}): every module stays pure Python")
             for output in self.get_outputs():
                 Path(output).unlink(missing_ok=True)
             self.extensions = []

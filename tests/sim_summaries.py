@@ -1,6 +1,6 @@
 """Simulations whose summaries must not depend on how the simulator was built: run as a
 script (``python -m tests.sim_summaries``), it prints one JSON line per deployment and leap
-setting, then one with the modules it ran compiled. tests/test_sim_compiled.py runs it on the
+setting, then one with the modules it ran compiled. tests/test_compiled_build.py runs it on the
 pure-Python sources and on a compiled build and compares the lines.
 
 The deployments reach the engine's paths: prefix affinity and the KV events of

@@ -2,7 +2,10 @@
 limited request on an in-process store) against its general one (``acquire_now`` and
 ``settle_now``): the same random stream of requests, refunds, overruns and clock moves goes
 to two stores, one through each, and after every step the answers, the headers' figures
-and the stores' whole state must be equal, bit for bit."""
+and the stores' whole state must be equal, bit for bit. Each binding test runs twice: with
+the generated functions (a pure-Python install's) and with the loops of
+``loop_binding`` (a compiled install's; ``tests/test_compiled_build.py`` runs this file
+on a compiled build too)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,21 @@ import random
 import pytest
 
 from shuniu.core.contracts import Decision, Lease, Rate
-from shuniu.plugins.ratelimit.memory import MemoryRateLimitOptions, MemoryRateLimitStore
+from shuniu.plugins.ratelimit.memory import MemoryBinding, MemoryRateLimitOptions, MemoryRateLimitStore
 
 MINUTE = 60.0
+
+BOTH = pytest.mark.parametrize("loops", [False, True], ids=["generated", "loops"])
+"""Run a test with each of a binding's two implementations."""
+
+
+def bound(
+    store: MemoryRateLimitStore, requests: list[Rate], tokens: list[Rate], leases: list[Lease], loops: bool
+) -> MemoryBinding:
+    binding = store.bind(requests, tokens, leases)
+    if loops:
+        binding.use_loops()
+    return binding
 
 
 class Clock:
@@ -51,16 +66,17 @@ def plans(rng: random.Random) -> tuple[list[Rate], list[Rate], list[Lease]]:
     return requests, tokens, leases
 
 
+@BOTH
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("scale", [1.0, 0.5])
-def test_a_binding_books_exactly_what_acquire_now_books(seed: int, scale: float) -> None:
+def test_a_binding_books_exactly_what_acquire_now_books(seed: int, scale: float, loops: bool) -> None:
     rng = random.Random(seed)
     requests, tokens, leases = plans(rng)
     clocks = Clock(), Clock()
     # max_keys small enough that some seeds sweep (and evict) while the stream runs.
     options = MemoryRateLimitOptions(max_keys=rng.choice([4, 1_000_000]))
     bound_store, plain = (MemoryRateLimitStore(options, clock=c, scale=scale) for c in clocks)
-    binding = bound_store.bind(requests, tokens, leases)
+    binding = bound(bound_store, requests, tokens, leases, loops)
     held: list[tuple[int, float]] = []  # (token, cost) of requests not yet settled
     refused = booked = 0
     for step in range(300):
@@ -97,15 +113,16 @@ def test_a_binding_books_exactly_what_acquire_now_books(seed: int, scale: float)
     assert refused > 0 and booked > 0
 
 
-def test_a_limit_that_refuses_everything_refuses_in_the_binding_too() -> None:
+@BOTH
+def test_a_limit_that_refuses_everything_refuses_in_the_binding_too(loops: bool) -> None:
     store = MemoryRateLimitStore(clock=Clock(), scale=0.1)
     # 5 requests a minute scaled by 0.1 is half a request: never one.
-    assert store.bind([Rate("k:a:rpm", 5, MINUTE, 1.0)], [], []).take(1.0, 1) is None
+    assert bound(store, [Rate("k:a:rpm", 5, MINUTE, 1.0)], [], [], loops).take(1.0, 1) is None
     assert not store.acquire_now([Rate("k:a:rpm", 5, MINUTE, 1.0)], [], "1").allowed
-    assert store.bind([], [Rate("k:a:tpm", 0, MINUTE, 1.0)], []).take(0.0, 2) is None
+    assert bound(store, [], [Rate("k:a:tpm", 0, MINUTE, 1.0)], [], loops).take(0.0, 2) is None
     assert len(store) == 0
     unscaled = MemoryRateLimitStore(clock=Clock())
-    assert unscaled.bind([], [], [Lease("k:a:conc", 0)]).take(0.0, 3) is None
+    assert bound(unscaled, [], [], [Lease("k:a:conc", 0)], loops).take(0.0, 3) is None
     assert not unscaled.acquire_now([], [Lease("k:a:conc", 0)], "3").allowed
     assert not unscaled._leases
 
@@ -116,12 +133,13 @@ def test_a_binding_refuses_rates_that_share_a_key() -> None:
         store.bind([Rate("k:a:rpm", 5, MINUTE, 1.0)], [Rate("k:a:rpm", 5, MINUTE, 1.0)], [])
 
 
-def test_remaining_never_shows_more_than_the_limit() -> None:
+@BOTH
+def test_remaining_never_shows_more_than_the_limit(loops: bool) -> None:
     """The tolerance that lets a request through a rounding error would show a huge limit's
     full key as more than its limit (1e-6 s of a 1e10-per-minute rate is 166 tokens)."""
     rate = Rate("k:a:tpm", 1e10, MINUTE, 1.0)
     store = MemoryRateLimitStore(clock=Clock())
-    assert store.bind([], [rate], []).take(0.0, 1) == (-1, 0, 0.0, 0, 10_000_000_000, 0.0)
+    assert bound(store, [], [rate], [], loops).take(0.0, 1) == (-1, 0, 0.0, 0, 10_000_000_000, 0.0)
     assert store.acquire_now([Rate(rate.key, rate.limit, MINUTE, 0.0)], [], "1").remaining == (1e10,)
 
 

@@ -22,6 +22,7 @@ from pydantic import Field
 from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import Decision, Lease, Rate, RateLimitStore, RegisterRateLimitStore
+from shuniu.plugins.ratelimit import loop_binding
 from shuniu.plugins.ratelimit.gcra import EPSILON_S, INF, remaining
 
 __all__ = ["MemoryBinding", "MemoryRateLimitOptions", "MemoryRateLimitStore"]
@@ -248,7 +249,11 @@ class MemoryBinding:
     arithmetic; the straight-line functions take about half the interpreter's work (counted
     in instructions: ``benchmarks/inprocess_overhead.py``'s ``limits`` configuration). The
     arithmetic is :meth:`MemoryRateLimitStore.acquire_now`'s, in the same order, so both
-    book the same bits (``tests/test_ratelimit_binding.py`` compares them)."""
+    book the same bits (``tests/test_ratelimit_binding.py`` compares them).
+
+    A compiled build (``setup.py``) checks with the loops of
+    :mod:`~shuniu.plugins.ratelimit.loop_binding` instead, which mypyc turns into C: there
+    they cost about half of the straight lines (:meth:`use_loops`)."""
 
     __slots__ = ("_keys", "_lease_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens",
                  "give_back", "source", "take")  # fmt: skip
@@ -299,6 +304,23 @@ class MemoryBinding:
         exec(compile(self.source, f"<rate limits {keys!r}>", "exec"), namespace)
         self.take = namespace["take"]
         self.give_back = namespace["give_back"]
+        if loop_binding.COMPILED:  # compiled loops beat the interpreted straight lines
+            self.use_loops()
+
+    def use_loops(self) -> None:
+        """Check with :class:`~shuniu.plugins.ratelimit.loop_binding.LoopBinding` instead of
+        the generated functions: what a compiled build does (the same bookings)."""
+        loops = loop_binding.LoopBinding(
+            self._store,
+            [loop_binding.RateLimit(*rate) for rate in self._requests],
+            [loop_binding.RateLimit(*rate) for rate in self._tokens],
+            [loop_binding.LeaseLimit(*lease) for lease in self._leases],
+            self._max_cost,
+            self._never,
+            self._record,
+        )
+        self.take = loops.take
+        self.give_back = loops.give_back
 
     def _write(self) -> str:
         """The source of ``take`` and ``give_back`` for these limits (every constant written

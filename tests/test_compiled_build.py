@@ -1,7 +1,8 @@
-"""The simulator as a regular install builds it: ``setup.py`` compiles its hot modules with
-mypyc. Built here as a user's ``pip install .`` would (a wheel from a copy of this tree), the
-compiled simulator must give the same results as the pure-Python source it was compiled from,
-bit for bit, and pass the simulator's own tests.
+"""The package as a regular install builds it: ``setup.py`` compiles the modules listed in
+``core/compiled.py`` with mypyc (the simulator's engine, the memory rate-limit store's
+booking). Built here as a user's ``pip install .`` would (a wheel from a copy of this tree),
+the compiled simulator must give the same results as the pure-Python source it was compiled
+from, bit for bit, and every compiled module must pass its own tests compiled.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from shuniu.backends.sim import COMPILED_MODULES, compiled_modules
+from shuniu.backends.sim import COMPILED_MODULES
+from shuniu.core.compiled import COMPILED_PATHS, compiled
 from tests.sim_summaries import summaries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +39,13 @@ SIM_TESTS = [
     "tests/test_sim_serve.py",
 ]
 """The simulator's tests that run again on the compiled build."""
+RATE_LIMIT_TESTS = [
+    "tests/test_ratelimit_binding.py",
+    "tests/test_ratelimit_stores.py",
+    "tests/test_tenancy.py",
+    "tests/test_tenancy_e2e.py",
+]
+"""The memory store's and the tenancy's tests, run again with the compiled booking."""
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -61,8 +70,8 @@ def compiled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     problem = _build_problem()
     if problem is not None:
         pytest.skip(problem)
-    if compiled_modules():
-        pytest.skip("this process already runs a compiled simulator: compare from a source checkout")
+    if compiled():
+        pytest.skip("this process already runs compiled modules: compare from a source checkout")
     base = tmp_path_factory.mktemp("compiled")
     src = base / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
@@ -99,9 +108,17 @@ def _run_on(site: Path, *argv: str, **env_vars: str) -> subprocess.CompletedProc
 
 
 def test_the_build_compiles_the_hot_modules(compiled_site: Path) -> None:
-    probe = _run_on(compiled_site, "-c", "from shuniu.backends.sim import compiled_modules as c; print(*c())")
+    probe = _run_on(compiled_site, "-c", "from shuniu.core.compiled import compiled; print(*compiled())")
     assert probe.returncode == 0, probe.stderr[-3000:]
-    assert probe.stdout.split() == list(COMPILED_MODULES)
+    assert probe.stdout.split() == [path.removesuffix(".py").replace("/", ".") for path in COMPILED_PATHS]
+    # The memory store's bindings take the compiled loops there.
+    check = (
+        "from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore as M\n"
+        "print(M().bind([], [], []).take)"
+    )
+    probe = _run_on(compiled_site, "-c", check)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert "LoopBinding" in probe.stdout
 
 
 def test_compiled_and_pure_simulations_agree_bit_for_bit(compiled_site: Path) -> None:
@@ -124,3 +141,8 @@ def test_the_simulator_tests_pass_compiled(compiled_site: Path) -> None:
     assert run.returncode == 0, run.stdout[-4000:]
     skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("compiled engine" in line for line in skips), skips
+
+
+def test_the_rate_limit_tests_pass_compiled(compiled_site: Path) -> None:
+    run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *RATE_LIMIT_TESTS)
+    assert run.returncode == 0, run.stdout[-4000:]

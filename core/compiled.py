@@ -1,0 +1,38 @@
+"""Which modules a regular install compiles with mypyc, and which of them this process runs
+compiled.
+
+``setup.py`` reads :data:`COMPILED_PATHS` (without importing this module) and compiles those
+modules when it can: a C compiler at install time; ``SHUNIU_COMPILE=0`` opts out; an
+editable install never compiles. The compiled modules are the same source and give the same
+results, bit for bit; each runs its own tests compiled in ``tests/test_compiled_build.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["COMPILED_PATHS", "compiled"]
+
+COMPILED_PATHS = (
+    # The simulator's engine (its list is backends/sim/compiled.py's COMPILED_MODULES).
+    "backends/sim/stats.py",
+    "backends/sim/costmodel.py",
+    "backends/sim/kvcache.py",
+    "backends/sim/cohort.py",
+    "backends/sim/engine.py",
+    # The memory rate-limit store's per-request booking.
+    "plugins/ratelimit/loop_binding.py",
+)
+"""The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
+
+
+def compiled() -> list[str]:
+    """The modules of :data:`COMPILED_PATHS` that this process imported compiled (from an
+    extension module rather than their ``.py`` file), as dotted names under ``shuniu``."""
+    found = []
+    for path in COMPILED_PATHS:
+        name = path.removesuffix(".py").replace("/", ".")
+        module = importlib.import_module(f"shuniu.{name}")
+        if not (module.__file__ or "").endswith(".py"):
+            found.append(name)
+    return found
