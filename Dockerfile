@@ -14,7 +14,7 @@ ARG PYTHON_IMAGE=python:3.12-slim
 FROM ${PYTHON_IMAGE} AS build
 # The slim image has no C compiler, so the modules setup.py compiles stay pure Python (the
 # same results): set SHUNIU_COMPILE=1, on an image with gcc, for the simulator's engine
-# (an image that plans capacity) and the memory rate-limit store's booking compiled.
+# (an image that plans capacity) and a request's tenancy and rate limits compiled.
 ARG SHUNIU_COMPILE=0
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

@@ -20,8 +20,13 @@ COMPILED_PATHS = (
     "backends/sim/kvcache.py",
     "backends/sim/cohort.py",
     "backends/sim/engine.py",
-    # The memory rate-limit store's per-request booking.
+    # A request's credential, tier and rate limits: the memory store's booking, the
+    # x-ratelimit-* headers, the tenancy and the request path's step that calls it.
     "plugins/ratelimit/loop_binding.py",
+    "core/tenancy/ratelimit_headers.py",
+    "core/tenancy/tenancy.py",
+    "core/tenancy/auth.py",
+    "core/pipeline/identity.py",
 )
 """The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
 

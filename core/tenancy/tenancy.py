@@ -14,12 +14,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
 from shuniu.core.config import Deployment, LimitsConfig, TierConfig
 from shuniu.core.contracts import Authenticator, AuthenticatorOptions, Decision, Lease, Rate, RateLimitStore
 from shuniu.core.errors import GatewayError, model_not_found
+from shuniu.core.tenancy.admission import Admission
 from shuniu.core.tenancy.auth import AuthChain
+from shuniu.core.tenancy.ratelimit_headers import (
+    LIMIT_REQUESTS,
+    LIMIT_TOKENS,
+    format_reset,
+    reset_bytes,
+    taken_headers,
+)
 from shuniu.core.types import InferenceRequest, Limits, Principal
 
 __all__ = ["Admission", "Tenancy", "Tier", "format_reset", "limits_in_use", "reset_bytes"]
@@ -135,8 +141,8 @@ class _Plan:
         """A reservation above this can never pass (429 at once, without the store)."""
         self.request_limits = [b"%d" % int(limit) for _, limit, _, _ in self.requests]
         self.token_limits = [b"%d" % int(limit) for _, limit, _, _ in self.tokens]
-        self.request_limit_headers = [(_LIMIT_REQUESTS, value) for value in self.request_limits]
-        self.token_limit_headers = [(_LIMIT_TOKENS, value) for value in self.token_limits]
+        self.request_limit_headers = [(LIMIT_REQUESTS, value) for value in self.request_limits]
+        self.token_limit_headers = [(LIMIT_TOKENS, value) for value in self.token_limits]
         self.binding: Any = None
         """The store's compiled form of these limits (a store with ``bind``), made on first
         use."""
@@ -150,31 +156,6 @@ class _Plan:
             type="tokens",
             code="rate_limit_exceeded",
         )
-
-
-_LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
-_REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
-_RESET_REQUESTS = b"x-ratelimit-reset-requests"
-_LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
-_REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
-_RESET_TOKENS = b"x-ratelimit-reset-tokens"
-
-
-class Admission(msgspec.Struct):
-    """A request's hold on its rate limits, settled when it ends. A struct: made in C, one
-    per limited request."""
-
-    token: object
-    """The request's booking token (its leases are held under it)."""
-    tokens: list[Rate]
-    """The token rates its reservation was booked on (empty when a binding booked it)."""
-    leases: list[Lease]
-    reserved: int
-    """Tokens reserved: prompt plus ``max_tokens`` (or the default)."""
-    headers: list[tuple[bytes, bytes]]
-    """``x-ratelimit-*`` headers for the response."""
-    binding: Any = None
-    """The store binding that booked it (then it settles there), else ``None``."""
 
 
 class Tenancy:
@@ -191,11 +172,11 @@ class Tenancy:
         authenticators."""
         self.auth = AuthChain([*authenticators, managed] if managed is not None else authenticators)
         self.identity_headers = deployment.gateway.identity_headers and not self.auth
-        tiers = {"default": TierConfig(), **deployment.tiers}
+        tiers = {"default": TierConfig(), **deployment.tiers}  # type: ignore[call-arg]
         batches = deployment.batches
         if batches.enabled and batches.tier not in tiers:
             # Batch requests run in their own tier, behind every interactive one.
-            tiers[batches.tier] = TierConfig(priority=batches.priority)
+            tiers[batches.tier] = TierConfig(priority=batches.priority)  # type: ignore[call-arg]
         self.tiers: dict[str, Tier] = {name: Tier(name, cfg) for name, cfg in tiers.items()}
         self.store = store
         # A store that keeps its state in this process can answer without a coroutine.
@@ -374,11 +355,15 @@ class Tenancy:
             if binding is None:
                 binding = plan.binding = self._bind(plan.request_rates, _templates(plan), plan.leases)
             self._counter += 1
-            token = self._counter
-            taken = binding.take(float(reserved), token)
+            booking = self._counter  # an int: the binding's leases are this process's own
+            taken = binding.take(float(reserved), booking)
             if taken is not None:
-                headers = _taken_headers(plan, taken) if self.send_headers else []
-                return Admission(token, _NO_RATES, plan.leases, reserved, headers, binding)
+                headers = (
+                    taken_headers(plan.request_limit_headers, plan.token_limit_headers, taken)
+                    if self.send_headers
+                    else []
+                )
+                return Admission(booking, _NO_RATES, plan.leases, reserved, headers, binding)
             # Refused: the store's full answer, for the 429 and its headers.
         asked = self._admit(req, tier)
         if asked is None:
@@ -404,7 +389,7 @@ class Tenancy:
             return
         adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
-            await store.settle(adjust, admission.leases, admission.token)
+            await store.settle(adjust, admission.leases, str(admission.token))
 
     def settle_now(self, admission: Admission, used_tokens: int) -> None:
         """:meth:`settle` without a coroutine (:attr:`sync` is true)."""
@@ -414,7 +399,7 @@ class Tenancy:
             return
         adjust = self._adjustments(admission, used_tokens)
         if adjust or admission.leases:
-            self._settle_now(adjust, admission.leases, admission.token)  # type: ignore[misc]
+            self._settle_now(adjust, admission.leases, str(admission.token))  # type: ignore[misc]
 
     # -- responses ------------------------------------------------------------------------
 
@@ -427,8 +412,9 @@ class Tenancy:
             return []
         req = _tightest(remaining, 0, n) if n else -1
         tok = _tightest(remaining, n, len(remaining)) if plan.token_limits else -1
-        return _taken_headers(
-            plan,
+        return taken_headers(
+            plan.request_limit_headers,
+            plan.token_limit_headers,
             (
                 req,
                 int(remaining[req]) if req >= 0 else 0,
@@ -477,38 +463,6 @@ def _templates(plan: _Plan) -> list[Rate]:
     return [Rate(key, limit, period, 1.0) for key, limit, period, _ in plan.tokens]
 
 
-def _taken_headers(plan: _Plan, taken: tuple[int, int, float, int, int, float]) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-*`` headers from the tightest request and token limits:
-    ``(index, remaining, reset_s)`` of each kind (index ``-1``: the plan has none), as a
-    store binding's :meth:`take` answers."""
-    req, req_left, req_reset, tok, tok_left, tok_reset = taken
-    out: list[tuple[bytes, bytes]] = []
-    # reset_bytes inline for its common (sub-second) case: once per limited request.
-    if req >= 0:
-        out += (
-            plan.request_limit_headers[req],
-            (_REMAINING_REQUESTS, b"%d" % req_left if req_left > 0 else b"0"),
-            (
-                _RESET_REQUESTS,
-                b"%dms" % (round(req_reset * 1000) or 1)
-                if 0 < req_reset < 0.9995
-                else reset_bytes(req_reset),
-            ),
-        )
-    if tok >= 0:
-        out += (
-            plan.token_limit_headers[tok],
-            (_REMAINING_TOKENS, b"%d" % tok_left if tok_left > 0 else b"0"),
-            (
-                _RESET_TOKENS,
-                b"%dms" % (round(tok_reset * 1000) or 1)
-                if 0 < tok_reset < 0.9995
-                else reset_bytes(tok_reset),
-            ),
-        )
-    return out
-
-
 def _describe(plan: _Plan, key: str | None) -> tuple[str, str]:
     for entries, kind in ((plan.requests, "requests"), (plan.tokens, "tokens")):
         for k, limit, _period, label in entries:
@@ -542,28 +496,3 @@ def _tightest(remaining: tuple[float, ...], start: int, end: int) -> int:
         if remaining[i] < low:
             best, low = i, remaining[i]
     return best
-
-
-def reset_bytes(seconds: float) -> bytes:
-    """:func:`format_reset` as header bytes, with the common sub-second case short."""
-    if 0 < seconds < 0.9995:
-        return b"%dms" % (round(seconds * 1000) or 1)
-    return format_reset(seconds).encode()
-
-
-def format_reset(seconds: float) -> str:
-    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``1s``, ``6m0s``,
-    ``20ms``."""
-    if seconds <= 0:
-        return "0s"
-    if seconds < 1:
-        return f"{max(1, round(seconds * 1000))}ms"
-    total = round(seconds, 3)
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    secs_text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{int(hours)}h{int(minutes)}m{secs_text}"
-    if minutes:
-        return f"{int(minutes)}m{secs_text}"
-    return secs_text

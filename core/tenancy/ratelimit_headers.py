@@ -1,0 +1,56 @@
+"""OpenAI's ``x-ratelimit-*`` response headers, written for every limited request."""
+
+from __future__ import annotations
+
+__all__ = ["format_reset", "reset_bytes", "taken_headers"]
+
+LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
+REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
+RESET_REQUESTS = b"x-ratelimit-reset-requests"
+LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
+REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
+RESET_TOKENS = b"x-ratelimit-reset-tokens"
+
+
+def taken_headers(
+    request_limit_headers: list[tuple[bytes, bytes]],
+    token_limit_headers: list[tuple[bytes, bytes]],
+    taken: tuple[int, int, float, int, int, float],
+) -> list[tuple[bytes, bytes]]:
+    req, req_left, req_reset, tok, tok_left, tok_reset = taken
+    out: list[tuple[bytes, bytes]] = []
+    if req >= 0:
+        out.append(request_limit_headers[req])
+        out.append((REMAINING_REQUESTS, str(req_left).encode() if req_left > 0 else b"0"))
+        out.append((RESET_REQUESTS, reset_bytes(req_reset)))
+    if tok >= 0:
+        out.append(token_limit_headers[tok])
+        out.append((REMAINING_TOKENS, str(tok_left).encode() if tok_left > 0 else b"0"))
+        out.append((RESET_TOKENS, reset_bytes(tok_reset)))
+    return out
+
+
+def reset_bytes(seconds: float) -> bytes:
+    """:func:`format_reset` as header bytes, with the common sub-second case short."""
+    if 0 < seconds < 0.9995:
+        ms = round(seconds * 1000)
+        return (str(ms) if ms else "1").encode() + b"ms"
+    return format_reset(seconds).encode()
+
+
+def format_reset(seconds: float) -> str:
+    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``1s``, ``6m0s``,
+    ``20ms``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    total = round(seconds, 3)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    secs_text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{int(hours)}h{int(minutes)}m{secs_text}"
+    if minutes:
+        return f"{int(minutes)}m{secs_text}"
+    return secs_text
