@@ -27,6 +27,9 @@ COMPILED_PATHS = (
     "core/tenancy/tenancy.py",
     "core/tenancy/auth.py",
     "core/pipeline/identity.py",
+    # Prefix-aware placement: a prompt's block hashes and the prefix balancers' cost model.
+    "core/pools/prefix.py",
+    "plugins/balancers/placement.py",
 )
 """The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
 

@@ -5,6 +5,7 @@ They are ``msgspec.Struct`` classes: cheap to create, typed, and encodable witho
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -207,9 +208,10 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     label: str | None = None
     """What the model's classifier (``classifier:``) made of the request, for routing rules'
     ``labels``; ``None`` without one."""
-    token_ids: list[int] | None = None
-    """The prompt's token ids when known exactly (the simulator; a completion sent as ids)."""
-    prompt_ids: list[int] | None = None
+    token_ids: Sequence[int] | None = None
+    """The prompt's token ids when known exactly (the simulator, whose workloads hand a
+    compact ``array('H')``; a completion sent as ids, a list)."""
+    prompt_ids: Sequence[int] | None = None
     """The token ids the engine will compute for the prompt, when the model's ``tokenizer:``
     produced them for exact prefix routing (``precise_prefix``); the request is still sent
     as text."""

@@ -1,8 +1,9 @@
 """The package as a regular install builds it: ``setup.py`` compiles the modules listed in
 ``core/compiled.py`` with mypyc (the simulator's engine; a request's credential, tier and
-rate limits). Built here as a user's ``pip install .`` would (a wheel from a copy of this tree),
-the compiled simulator must give the same results as the pure-Python source it was compiled
-from, bit for bit, and every compiled module must pass its own tests compiled.
+rate limits; prefix-aware placement). Built here as a user's ``pip install .`` would (a
+wheel from a copy of this tree), the compiled simulator must give the same results as the
+pure-Python source it was compiled from, bit for bit, and every compiled module must pass
+its own tests compiled.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ TENANCY_TESTS = [
 ]
 """The tests of the compiled request-path modules (credentials, tiers, rate limits, their
 headers), run again on the compiled build."""
+ROUTING_TESTS = [
+    "tests/test_balancers.py",
+    "tests/test_precise_prefix.py",
+    "tests/test_prefix_affinity.py",
+    "tests/test_new_prefixes.py",
+    "tests/test_routing.py",
+]
+"""The prefix balancers' tests, run again with their block hashes and placement compiled (the
+simulator's summaries above place requests with both balancers too)."""
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -150,4 +160,9 @@ def test_the_simulator_tests_pass_compiled(compiled_site: Path) -> None:
 
 def test_the_tenancy_tests_pass_compiled(compiled_site: Path) -> None:
     run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TENANCY_TESTS)
+    assert run.returncode == 0, run.stdout[-4000:]
+
+
+def test_the_routing_tests_pass_compiled(compiled_site: Path) -> None:
+    run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *ROUTING_TESTS)
     assert run.returncode == 0, run.stdout[-4000:]

@@ -6,7 +6,7 @@ so its time to first token is several times shorter. The balancer remembers whic
 recently received which blocks (:class:`PrefixIndex`, bounded) and weighs, per candidate, the
 prefill work already waiting there against the prompt tokens it would have to compute — the
 same cost as ``precise_prefix``, which knows the blocks exactly from the engines' events
-(:func:`~shuniu.plugins.balancers.precise_prefix.cheapest`). A request stays on its cached
+(:func:`~shuniu.plugins.balancers.placement.cheapest`). A request stays on its cached
 replica while the wait there is shorter than a cold prefill elsewhere. A loose bound on
 request load (``balance_abs``, ``balance_rel``) keeps a popular system prompt from pulling
 all traffic onto one replica (the "death spiral" of naive affinity).

@@ -1,0 +1,187 @@
+"""Where a request with a known prefix match goes: the cost model both prefix balancers
+(``precise_prefix``, ``prefix_affinity``) share, once each endpoint's matched blocks are known.
+
+The cost of each candidate is the prompt tokens it would have to compute (those it does not
+hold) plus the prefill work already in its queue; see
+:mod:`~shuniu.plugins.balancers.precise_prefix` for the model. A regular install compiles
+this module with mypyc (``core/compiled.py``): it runs for every request either balancer
+places.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import chain
+from typing import Protocol
+
+from shuniu.core.contracts import EndpointView
+from shuniu.core.pools.load import LoadWeights, load_score
+from shuniu.core.types import InferenceRequest
+from shuniu.plugins.balancers.new_prefixes import NewPrefixes
+
+__all__ = ["CostSettings", "cheapest", "place"]
+
+
+def cheapest(
+    req: InferenceRequest,
+    endpoints: Sequence[EndpointView],
+    depths: dict[int, int],
+    tokens_per_block: float,
+    waiting_cost: float,
+    bound: LoadWeights,
+    balance_abs: float,
+    balance_rel: float,
+    slack: float,
+    cold_weight: float = 1.0,
+    start: int = 0,
+    past_limit_cost: float = 0.0,
+    new: NewPrefixes | None = None,
+) -> tuple[EndpointView | None, int]:
+    """The candidate where ``req``'s first token should come soonest (see the module), and the
+    prompt tokens it holds; ``depths``: endpoint index → leading blocks it holds.
+
+    Costs within ``slack`` tokens of the lowest count as equal (they are estimates, and a
+    fleet's gateways see each other's work a sync late: a strict minimum would send them all
+    to the same endpoint at once). Among those the deepest match wins, then the less loaded,
+    then the first from ``start`` on (a caller that rotates ``start`` spreads equal
+    candidates, e.g. the requests of an idle pool with no prefix known). A prompt none of
+    them holds an eighth of is a new prefix: with ``new``, the one that took the fewest new
+    prompt tokens lately (counted in prompts of this size) wins, then the less loaded, so
+    new prefixes spread evenly over the caches (:mod:`~shuniu.plugins.balancers.new_prefixes`)."""
+    n = len(endpoints)
+    if n == 1:
+        # One candidate: what the general case below decides for it, without the lists.
+        e = endpoints[0]
+        cached = min(req.prompt_tokens, int(depths.get(e.index, 0) * tokens_per_block)) if depths else 0
+        if not cached and _past_limit(e) > 0:
+            return None, 0
+        return e, cached
+    loads = [load_score(e, bound) for e in endpoints]
+    low = min(loads)
+    ceiling = max(low + balance_abs, balance_rel * (low + 1.0) - 1.0)
+    prompt = req.prompt_tokens
+    costs: list[float] = [math.inf] * n
+    held = [0] * n
+    for i, e in enumerate(endpoints):
+        if loads[i] > ceiling:
+            continue
+        d = depths.get(e.index)
+        if d:
+            cached = held[i] = min(prompt, int(d * tokens_per_block))
+        else:
+            cached = 0  # (held[i] is 0 already)
+        cost = e.prefill_tokens + e.remote_prefill_tokens + cold_weight * (prompt - cached)
+        snap = e.load
+        if snap is not None and snap.waiting and e.load_weight > 0.0:
+            cost += waiting_cost * e.load_weight * snap.waiting
+        over = _past_limit(e)
+        if over > 0:
+            # At its adaptive limit (offered only to stay on a cache): the request would wait
+            # in the engine's queue behind the others sent past the limit.
+            if not cached:
+                continue
+            cost += past_limit_cost * over
+        costs[i] = cost
+    lowest = min(costs)
+    if lowest == math.inf:
+        # Every endpoint under the bound is full and holds nothing of the prompt: the least
+        # loaded free one, or none (the request waits in the gateway).
+        free = [i for i, e in enumerate(endpoints) if _past_limit(e) <= 0]
+        if not free:
+            return None, 0
+        best = min(free, key=loads.__getitem__)
+        return endpoints[best], held[best]
+    limit = lowest + slack
+    best, most, least = -1, -1, 0.0  # the choice so far, what it holds, its load
+    start %= n
+    for i in chain(range(start, n), range(start)):  # from `start` on, round
+        if costs[i] <= limit:
+            h = held[i]
+            if h > most or (h == most and loads[i] < least):
+                best, most, least = i, h, loads[i]
+    if new is not None and 8 * held[best] < prompt:
+        # A new prefix (what any of them holds is a shared opening at most): the one that
+        # took the fewest new prompt tokens lately, in prompts of this size, then load.
+        now = new.now()
+        unit = max(prompt, 1)
+        key: tuple[int, float] | None = None
+        for k in range(n):
+            i = (start + k) % n
+            if costs[i] > limit:
+                continue
+            mine = (round(new.tokens(endpoints[i].index, now) / unit), loads[i])
+            if key is None or mine < key:
+                best, key = i, mine
+    return endpoints[best], held[best]
+
+
+def _past_limit(e: EndpointView) -> int:
+    """How many requests one more would put ``e`` past its concurrency limit (> 0: it is at
+    its adaptive limit, offered only to stay on a cached prefix)."""
+    return e.in_flight + e.remote_in_flight - e.limit + 1 if e.limit else 0
+
+
+class CostSettings(Protocol):
+    """The options :func:`place` reads (both prefix balancers' options have them)."""
+
+    waiting_cost_tokens: float
+    past_limit_cost_tokens: float
+    cold_weight: float
+    slack_tokens: float
+    balance_abs: float
+    balance_rel: float
+
+
+def place(
+    req: InferenceRequest,
+    endpoints: Sequence[EndpointView],
+    depths: dict[int, int],
+    block_tokens: int,
+    block_chars: int,
+    o: CostSettings,
+    bound: LoadWeights,
+    turn: int,
+    new: NewPrefixes | None = None,
+) -> EndpointView | None:
+    """:func:`cheapest` for ``req``, given each endpoint's matched blocks (of ``block_tokens``
+    token ids, or of ``block_chars`` bytes of text for a request without ids); sets
+    ``req.expected_cached`` to what the chosen endpoint holds, and records a new prefix's
+    placement in ``new``. Call it after :func:`~shuniu.core.pools.prefix.prefix_hashes`."""
+    if not req.prefix_hashes:
+        # Shorter than one block: it starts no cached prefix anywhere, so where it goes is a
+        # matter of load alone, and it is no new prefix to count.
+        new = None
+    per_block = 0.0  # tokens per matched block: nothing to weigh when nothing matched
+    if depths:
+        ids = req.token_ids if req.token_ids is not None else req.prompt_ids
+        # Text blocks are bytes; characters are close enough for a token estimate, and free.
+        units = len(ids) if ids is not None else len(req.prompt)
+        block = block_tokens if ids is not None else block_chars
+        per_block = req.prompt_tokens * block / units if units else 0.0
+        # An engine computes a prompt's last token even when every block of it is cached (it
+        # needs that token's logits): vLLM and the simulator reuse at most (units - 1) // block
+        # blocks, so a prompt that ends on a block boundary expects one block less.
+        usable = (units - 1) // block if units else 0
+        for i, d in depths.items():
+            if d > usable:
+                depths[i] = usable
+    chosen, cached = cheapest(
+        req,
+        endpoints,
+        depths,
+        per_block,
+        o.waiting_cost_tokens,
+        bound,
+        o.balance_abs,
+        o.balance_rel,
+        o.slack_tokens,
+        o.cold_weight,
+        turn % len(endpoints),
+        o.past_limit_cost_tokens,
+        new,
+    )
+    req.expected_cached = cached
+    if new is not None and chosen is not None and 8 * cached < req.prompt_tokens:
+        new.placed(chosen.index, req.prompt_tokens - cached, new.now())
+    return chosen
