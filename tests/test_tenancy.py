@@ -10,6 +10,7 @@ import pytest
 from shuniu.core.api.openai import parse_request
 from shuniu.core.config import Deployment
 from shuniu.core.errors import GatewayError
+from shuniu.core.tenancy.ratelimit_headers import reset_bytes
 from shuniu.core.tenancy.tenancy import Tenancy, format_reset
 from shuniu.core.types import InferenceRequest, Limits, Principal
 from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore
@@ -50,6 +51,15 @@ def _req(body: dict, principal: Principal) -> InferenceRequest:  # type: ignore[
 )
 def test_format_reset_matches_openai_style(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text
+
+
+def test_reset_headers_say_what_format_reset_says() -> None:
+    """The headers' short path for sub-second resets (a table of ``<n>ms``) writes what
+    :func:`format_reset` writes, at every millisecond and half millisecond around it."""
+    for n in range(0, 2001):
+        seconds = n / 2000
+        assert reset_bytes(seconds) == format_reset(seconds).encode(), seconds
+    assert reset_bytes(0.0125) == b"13ms"  # a half rounds up
 
 
 def test_tier_checks_models_max_tokens_and_prompt() -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["format_reset", "reset_bytes", "taken_headers"]
 
-LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
-REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
-RESET_REQUESTS = b"x-ratelimit-reset-requests"
-LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
-REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
-RESET_TOKENS = b"x-ratelimit-reset-tokens"
+# Final: compiled code uses them as constants instead of looking them up in the module.
+LIMIT_REQUESTS: Final = b"x-ratelimit-limit-requests"
+REMAINING_REQUESTS: Final = b"x-ratelimit-remaining-requests"
+RESET_REQUESTS: Final = b"x-ratelimit-reset-requests"
+LIMIT_TOKENS: Final = b"x-ratelimit-limit-tokens"
+REMAINING_TOKENS: Final = b"x-ratelimit-remaining-tokens"
+RESET_TOKENS: Final = b"x-ratelimit-reset-tokens"
+_MILLIS: Final = tuple(b"%dms" % n for n in range(1000))
+"""``b"<n>ms"`` by ``n``: the common (sub-second) reset, written without formatting."""
 
 
 def taken_headers(
@@ -33,8 +38,7 @@ def taken_headers(
 def reset_bytes(seconds: float) -> bytes:
     """:func:`format_reset` as header bytes, with the common sub-second case short."""
     if 0 < seconds < 0.9995:
-        ms = round(seconds * 1000)
-        return (str(ms) if ms else "1").encode() + b"ms"
+        return _MILLIS[int(seconds * 1000.0 + 0.5) or 1]
     return format_reset(seconds).encode()
 
 
@@ -44,7 +48,8 @@ def format_reset(seconds: float) -> str:
     if seconds <= 0:
         return "0s"
     if seconds < 1:
-        return f"{max(1, round(seconds * 1000))}ms"
+        # Half up (not round()'s half to even): reset_bytes's table lookup does the same.
+        return f"{max(1, int(seconds * 1000.0 + 0.5))}ms"
     total = round(seconds, 3)
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from shuniu.core.config import Deployment, LimitsConfig, TierConfig
 from shuniu.core.contracts import Authenticator, AuthenticatorOptions, Decision, Lease, Rate, RateLimitStore
@@ -455,7 +455,7 @@ class Tenancy:
         )
 
 
-_NO_RATES: list[Rate] = []
+_NO_RATES: Final[list[Rate]] = []  # Final: a constant in compiled code
 
 
 def _templates(plan: _Plan) -> list[Rate]:
