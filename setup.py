@@ -62,11 +62,10 @@ def _note(message: str) -> None:
 def _drop_stale_builds() -> None:
     """Remove compiled modules an earlier build left in ``build/``: a wheel packs what is
     there, and one built without compiling must not carry an old compiled module."""
+    # Every extension module under the package, not only the listed ones: a module taken
+    # off the list must not stay compiled (an old one would also fail to import).
     for lib in ROOT.glob("build/lib*"):
-        stale = [*lib.glob("shuniu_sim__mypyc*"), *lib.glob("shuniu_compiled__mypyc*")]
-        for path in _compiled_paths():
-            stem = str(Path("shuniu") / path).removesuffix(".py")
-            stale += [*lib.glob(f"{stem}.*.so"), *lib.glob(f"{stem}.*.pyd")]
+        stale = [*lib.glob("shuniu_*__mypyc*"), *lib.glob("shuniu/**/*.so"), *lib.glob("shuniu/**/*.pyd")]
         for found in stale:
             found.unlink()
 
