@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
-from typing import Protocol
+from typing import Any
 
 from shuniu.core.contracts import EndpointView
 from shuniu.core.pools.load import LoadWeights, load_score
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.new_prefixes import NewPrefixes
 
-__all__ = ["CostSettings", "cheapest", "place"]
+__all__ = ["Costs", "cheapest", "place"]
 
 
 def cheapest(
@@ -122,8 +122,10 @@ def _past_limit(e: EndpointView) -> int:
     return e.in_flight + e.remote_in_flight - e.limit + 1 if e.limit else 0
 
 
-class CostSettings(Protocol):
-    """The options :func:`place` reads (both prefix balancers' options have them)."""
+class Costs:
+    """The options :func:`place` weighs with, copied once from a prefix balancer's (frozen)
+    options: :func:`place` reads them for every request, and a pydantic model answers each
+    read through its ``__getattr__`` hook, a plain object (a native one compiled) directly."""
 
     waiting_cost_tokens: float
     past_limit_cost_tokens: float
@@ -132,6 +134,15 @@ class CostSettings(Protocol):
     balance_abs: float
     balance_rel: float
 
+    def __init__(self, o: Any) -> None:
+        """``o``: ``PrefixAffinityOptions`` or ``PrecisePrefixOptions`` (both have these six)."""
+        self.waiting_cost_tokens = o.waiting_cost_tokens
+        self.past_limit_cost_tokens = o.past_limit_cost_tokens
+        self.cold_weight = o.cold_weight
+        self.slack_tokens = o.slack_tokens
+        self.balance_abs = o.balance_abs
+        self.balance_rel = o.balance_rel
+
 
 def place(
     req: InferenceRequest,
@@ -139,7 +150,7 @@ def place(
     depths: dict[int, int],
     block_tokens: int,
     block_chars: int,
-    o: CostSettings,
+    o: Costs,
     bound: LoadWeights,
     turn: int,
     new: NewPrefixes | None = None,

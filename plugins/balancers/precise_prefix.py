@@ -41,10 +41,10 @@ from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
 from shuniu.plugins.balancers.new_prefixes import NewPrefixes
-from shuniu.plugins.balancers.placement import CostSettings, cheapest, place
+from shuniu.plugins.balancers.placement import Costs, cheapest, place
 from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
-__all__ = ["CostSettings", "PrecisePrefix", "PrecisePrefixOptions", "cheapest", "place"]
+__all__ = ["PrecisePrefix", "PrecisePrefixOptions", "cheapest", "place"]
 
 
 class PrecisePrefixOptions(Options):
@@ -97,11 +97,16 @@ class PrecisePrefixOptions(Options):
 class PrecisePrefix(Balancer):
     """Soonest first token, from an exact index of the engines' blocks."""
 
-    __slots__ = ("_turn", "bound_weights", "index", "new", "options", "recent")
+    __slots__ = ("_block_chars", "_block_tokens", "_turn", "bound_weights", "costs", "index", "new",
+                 "options", "recent")  # fmt: skip
     takes_full_endpoints = True
 
     def __init__(self, options: PrecisePrefixOptions | None = None) -> None:
         self.options = o = options or PrecisePrefixOptions()
+        # Read per request: copied from the (frozen) options, whose reads cost more.
+        self.costs = Costs(o)
+        self._block_chars = o.block_chars
+        self._block_tokens = o.block_tokens
         w = o.load.weights()
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
         self.index = KvBlockIndex(o.max_blocks)
@@ -129,10 +134,9 @@ class PrecisePrefix(Balancer):
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         if not endpoints:
             return None
-        o = self.options
         ids = req.token_ids if req.token_ids is not None else req.prompt_ids
-        block = self.index.block_size or o.block_tokens
-        hashes = prefix_hashes(req, o.block_chars, block)
+        block = self.index.block_size or self._block_tokens
+        hashes = prefix_hashes(req, self._block_chars, block)
         depths: dict[int, int] = {}
         if hashes:
             alive = 0
@@ -143,9 +147,8 @@ class PrecisePrefix(Balancer):
                 for i, d in self.index.match_sparse(hashes, alive).items():
                     if d > depths.get(i, 0):
                         depths[i] = d
-        chosen = place(
-            req, endpoints, depths, block, o.block_chars, o, self.bound_weights, self._turn, self.new
-        )
+        chars, bound = self._block_chars, self.bound_weights
+        chosen = place(req, endpoints, depths, block, chars, self.costs, bound, self._turn, self.new)
         self._turn += 1
         if chosen is not None:
             self.recent.record(hashes, chosen)

@@ -32,7 +32,7 @@ from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
 from shuniu.plugins.balancers.new_prefixes import NewPrefixes
-from shuniu.plugins.balancers.precise_prefix import place
+from shuniu.plugins.balancers.placement import Costs, place
 from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
 __all__ = ["PrefixAffinity", "PrefixAffinityOptions", "PrefixOptions", "PrefixScorer"]
@@ -94,11 +94,17 @@ class PrefixAffinityOptions(PrefixOptions):
 class PrefixAffinity(Balancer):
     """Soonest first token, from the prefixes this gateway (and its fleet) dispatched."""
 
-    __slots__ = ("_turn", "bound_weights", "index", "new", "options")
+    __slots__ = ("_block_chars", "_block_tokens", "_min_match", "_turn", "bound_weights", "costs", "index",
+                 "new", "options")  # fmt: skip
     takes_full_endpoints = True
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
         self.options = o = options or PrefixAffinityOptions()
+        # Read per request: copied from the (frozen) options, whose reads cost more.
+        self.costs = Costs(o)
+        self._block_chars = o.block_chars
+        self._block_tokens = o.block_tokens
+        self._min_match = o.min_match_blocks
         w = o.load.weights()
         # The bound compares requests, not tokens (see ``balance_abs``).
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
@@ -109,18 +115,24 @@ class PrefixAffinity(Balancer):
     def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
         if not endpoints:
             return None
-        o = self.options
-        hashes = prefix_hashes(req, o.block_chars, o.block_tokens)
+        hashes = prefix_hashes(req, self._block_chars, self._block_tokens)
         depths: dict[int, int] = {}
         if hashes:
             alive = 0
             for e in endpoints:
                 alive |= 1 << e.index
-            depths = {
-                i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= o.min_match_blocks
-            }
+            least = self._min_match
+            depths = {i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= least}
         chosen = place(
-            req, endpoints, depths, o.block_tokens, o.block_chars, o, self.bound_weights, self._turn, self.new
+            req,
+            endpoints,
+            depths,
+            self._block_tokens,
+            self._block_chars,
+            self.costs,
+            self.bound_weights,
+            self._turn,
+            self.new,
         )
         self._turn += 1
         if chosen is not None:
