@@ -3,8 +3,9 @@
 Everything else about the package is in ``pyproject.toml``. The modules are listed in
 ``core/compiled.py``: the simulated engine (its iterations, KV blocks, cohorts, cost model
 and latency histograms), where ``shuniu simulate`` and ``shuniu plan`` spend their time
-(compiled, about a fifth faster: ``benchmarks/sim_speed.py``), and the memory rate-limit
-store's per-request booking. Compiled, they give the same results bit for bit
+(compiled, about a fifth faster: ``benchmarks/sim_speed.py``), and the feature code every
+limited request runs (credentials, tiers, rate limits and their headers, prefix-aware
+placement). Compiled, they give the same results bit for bit
 (``tests/test_compiled_build.py``). The pure-Python modules stay the reference and the
 fallback:
 

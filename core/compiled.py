@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["COMPILED_PATHS", "compiled"]
+__all__ = ["COMPILED_PATHS", "compiled", "runs_compiled"]
 
 COMPILED_PATHS = (
     # The simulator's engine (its list is backends/sim/compiled.py's COMPILED_MODULES).
@@ -37,10 +37,11 @@ COMPILED_PATHS = (
 def compiled() -> list[str]:
     """The modules of :data:`COMPILED_PATHS` that this process imported compiled (from an
     extension module rather than their ``.py`` file), as dotted names under ``shuniu``."""
-    found = []
-    for path in COMPILED_PATHS:
-        name = path.removesuffix(".py").replace("/", ".")
-        module = importlib.import_module(f"shuniu.{name}")
-        if not (module.__file__ or "").endswith(".py"):
-            found.append(name)
-    return found
+    names = (path.removesuffix(".py").replace("/", ".") for path in COMPILED_PATHS)
+    return [name for name in names if runs_compiled(name)]
+
+
+def runs_compiled(name: str) -> bool:
+    """Whether the module ``shuniu.<name>`` was imported compiled (from an extension module
+    rather than its ``.py`` file); imports it."""
+    return not (importlib.import_module(f"shuniu.{name}").__file__ or "").endswith(".py")

@@ -9,9 +9,7 @@ the simulator about a fifth faster.
 
 from __future__ import annotations
 
-import importlib
-
-from shuniu.core.compiled import COMPILED_PATHS
+from shuniu.core.compiled import COMPILED_PATHS, runs_compiled
 
 __all__ = ["COMPILED_MODULES", "compiled_modules"]
 
@@ -24,9 +22,4 @@ COMPILED_MODULES = tuple(p[len(_PREFIX) : -3] for p in COMPILED_PATHS if p.start
 def compiled_modules() -> list[str]:
     """Those of :data:`COMPILED_MODULES` that this process imported compiled (from an
     extension module rather than their ``.py`` file)."""
-    found = []
-    for name in COMPILED_MODULES:
-        module = importlib.import_module(f"shuniu.backends.sim.{name}")
-        if not (module.__file__ or "").endswith(".py"):
-            found.append(name)
-    return found
+    return [name for name in COMPILED_MODULES if runs_compiled(f"backends.sim.{name}")]

@@ -1,4 +1,7 @@
-"""OpenAI's ``x-ratelimit-*`` response headers, written for every limited request."""
+"""OpenAI's ``x-ratelimit-*`` response headers, written for every limited request.
+
+A regular install compiles this module with mypyc (``core/compiled.py``), with the rest of
+the tenancy: with the memory store's booking it is most of what a limited request costs."""
 
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ def taken_headers(
     token_limit_headers: list[tuple[bytes, bytes]],
     taken: tuple[int, int, float, int, int, float],
 ) -> list[tuple[bytes, bytes]]:
+    """The headers of the tightest request and token limits: ``taken`` is ``(index,
+    remaining, reset_s)`` of each kind (index ``-1``: the plan has none), as a store
+    binding's ``take`` answers; ``*_limit_headers`` hold each limit's
+    ``x-ratelimit-limit-*`` header, by index."""
     req, req_left, req_reset, tok, tok_left, tok_reset = taken
     out: list[tuple[bytes, bytes]] = []
     if req >= 0:

@@ -299,13 +299,14 @@ class MemoryBinding:
         """A limit that refuses every request (0, or below one request once scaled)."""
         self.source = self._write()
         """The two functions' code (for a reader, and for a test that wants to see it)."""
+        if loop_binding.COMPILED:  # compiled loops beat the interpreted straight lines
+            self.use_loops()
+            return
         # repr() writes an infinite float as ``inf``: the name is defined for it.
         namespace: dict[str, Any] = {"store": store, "record": self._record, "inf": INF}
         exec(compile(self.source, f"<rate limits {keys!r}>", "exec"), namespace)
         self.take = namespace["take"]
         self.give_back = namespace["give_back"]
-        if loop_binding.COMPILED:  # compiled loops beat the interpreted straight lines
-            self.use_loops()
 
     def use_loops(self) -> None:
         """Check with :class:`~shuniu.plugins.ratelimit.loop_binding.LoopBinding` instead of
