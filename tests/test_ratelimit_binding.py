@@ -127,6 +127,28 @@ def test_a_limit_that_refuses_everything_refuses_in_the_binding_too(loops: bool)
     assert not unscaled._leases
 
 
+@BOTH
+def test_released_concurrency_keys_stay_bounded_without_any_rate(loops: bool) -> None:
+    # A released lease leaves its key's holders dict behind, emptied, for reuse. With
+    # concurrency limits only, no rate key ever grows the store to a sweep: the holders
+    # dicts must trigger it themselves, or one per principal ever seen would pile up.
+    store = MemoryRateLimitStore(MemoryRateLimitOptions(max_keys=8), clock=Clock())
+    plain = MemoryRateLimitStore(MemoryRateLimitOptions(max_keys=8), clock=Clock())
+    for i in range(100):
+        lease = [Lease(f"k:t:key{i}:conc", 1)]
+        binding = bound(store, [], [], lease, loops)
+        assert binding.take(0.0, i) is not None
+        assert store._leases[f"k:t:key{i}:conc"] == {i: store.clock() + lease[0].ttl_s}
+        binding.give_back(0.0, i)
+        assert plain.acquire_now([], lease, str(i)).allowed
+        plain.settle_now([], lease, str(i))
+        assert len(store._leases) <= 8 and len(plain._leases) <= 8, i
+    # The principal's next request reuses its emptied dict.
+    again = bound(store, [], [], [Lease("k:t:key99:conc", 1)], loops)
+    kept = store._leases["k:t:key99:conc"]
+    assert again.take(0.0, 100) is not None and store._leases["k:t:key99:conc"] is kept
+
+
 def test_a_binding_refuses_rates_that_share_a_key() -> None:
     store = MemoryRateLimitStore(clock=Clock())
     with pytest.raises(ValueError, match="distinct keys"):

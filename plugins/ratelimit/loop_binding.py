@@ -39,6 +39,10 @@ class RateLimit:
     period: float
     most: int
     """The most units a header may show: ``int(limit)``."""
+    debt: float
+    """Scratch: the debt the request being checked would leave (a native float field, not a
+    list of boxed ones; ``take`` runs without awaiting, so one binding's calls never
+    interleave)."""
 
     def __init__(self, key: str, interval: float, cap: float, limit: float, period: float, most: int) -> None:
         self.key = key
@@ -47,6 +51,7 @@ class RateLimit:
         self.limit = limit
         self.period = period
         self.most = most
+        self.debt = 0.0
 
 
 class LeaseLimit:
@@ -103,13 +108,12 @@ class LoopBinding:
         tats: dict[str, float] = store._tats
         requests = self.requests
         tokens = self.tokens
-        debts: list[float] = []
         for rate in requests:
             tat = tats.get(rate.key, now)
             debt = tat - now + rate.interval if tat > now else rate.interval
             if debt > rate.cap:
                 return None
-            debts.append(debt)
+            rate.debt = debt
         for rate in tokens:
             tat = tats.get(rate.key, now)
             debt = cost * rate.period / rate.limit  # as acquire_now computes it
@@ -117,7 +121,7 @@ class LoopBinding:
                 debt += tat - now
             if debt > rate.cap:
                 return None
-            debts.append(debt)
+            rate.debt = debt
         leases = self.leases
         held: dict[str, dict[object, float]] = store._leases
         for lease in leases:
@@ -127,26 +131,26 @@ class LoopBinding:
                 if len(holders) >= lease.limit:
                     return None
         # Every limit allows it: record (a cost-0 check of a full key leaves no entry).
-        n = len(debts)
+        n = len(requests) + len(tokens)
         if n:
             if len(tats) + n >= store._sweep_at or not cost:
-                self.record(now, tuple([now + debt for debt in debts]))
+                booked = [now + rate.debt for rate in requests]
+                booked.extend([now + rate.debt for rate in tokens])
+                self.record(now, tuple(booked))
             else:
-                i = 0
                 for rate in requests:
-                    tats[rate.key] = now + debts[i]
-                    i += 1
+                    tats[rate.key] = now + rate.debt
                 for rate in tokens:
-                    tats[rate.key] = now + debts[i]
-                    i += 1
+                    tats[rate.key] = now + rate.debt
         # Looked up again: a sweep in ``record`` may have dropped an emptied holders dict.
+        # (Otherwise an emptied one stays, for the next request to reuse: see give_back.)
         for lease in leases:
             holders = held.get(lease.key)
             if holders is None:
-                holders = held[lease.key] = {}
+                holders = store._holders(lease.key, now)
             holders[token] = now + lease.ttl
-        r_i, r_left, r_reset = _tightest(requests, debts, 0)
-        t_i, t_left, t_reset = _tightest(tokens, debts, len(requests))
+        r_i, r_left, r_reset = _tightest(requests)
+        t_i, t_left, t_reset = _tightest(tokens)
         return r_i, r_left, r_reset, t_i, t_left, t_reset
 
     def give_back(self, delta: float, token: object) -> None:
@@ -171,20 +175,22 @@ class LoopBinding:
                         tats.pop(key, None)
         if self.leases:
             held: dict[str, dict[object, float]] = store._leases
+            # An emptied holders dict stays (the store's sweep drops it): this principal's
+            # next request would only make it again.
             for lease in self.leases:
                 holders = held.get(lease.key)
-                if holders is not None and holders.pop(token, None) is not None and not holders:
-                    del held[lease.key]
+                if holders is not None:
+                    holders.pop(token, None)
 
 
-def _tightest(rates: list[RateLimit], debts: list[float], start: int) -> tuple[int, int, float]:
-    """The rate with the fewest units left after the booking (``debts[start:]`` are theirs;
-    the first wins a tie): its index in ``rates``, those units and its debt (its reset);
+def _tightest(rates: list[RateLimit]) -> tuple[int, int, float]:
+    """The rate with the fewest units left after the booking (each rate's ``debt``; the
+    first wins a tie): its index in ``rates``, those units and its debt (its reset);
     ``(-1, 0, 0.0)`` for none."""
     best, fewest, reset = -1, 0, 0.0
     i = 0
     for rate in rates:
-        debt = debts[start + i]
+        debt = rate.debt
         left = int((rate.cap - debt) * rate.limit / rate.period)
         if left > rate.most:
             left = rate.most

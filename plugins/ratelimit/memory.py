@@ -2,7 +2,8 @@
 
 Right for a single gateway, and as the Redis store's fallback while Redis is unreachable.
 Each GCRA key is one float in a dict; each concurrency key a dict of the tokens holding a
-lease. Every method runs without awaiting, so within one event loop each call is atomic.
+lease (kept when emptied, until a sweep). Every method runs without awaiting, so within one
+event loop each call is atomic.
 
 A key whose ``tat`` is in the past holds no information (it is as if absent), so expired
 keys are swept whenever the dict has doubled since the last sweep: amortised O(1) per new
@@ -64,7 +65,7 @@ class MemoryRateLimitStore(RateLimitStore):
         self.clock = clock
         self.scale = scale
         self._tats: dict[str, float] = {}
-        self._leases: dict[str, dict[str, float]] = {}
+        self._leases: dict[str, dict[object, float]] = {}
         """Concurrency key → token → when that lease expires."""
         self._sweep_at = min(_MIN_SWEEP, self.options.max_keys)
         self._warned_full = False
@@ -142,7 +143,7 @@ class MemoryRateLimitStore(RateLimitStore):
             for lease in leases:
                 holders = held.get(lease.key)
                 if holders is None:
-                    held[lease.key] = holders = {}
+                    holders = self._holders(lease.key, now)
                 holders[token] = now + lease.ttl_s
             return Decision(True, worst, None, tuple(left), tuple(debts))
         # Nothing recorded: report the keys as they were (a refusal is rare: no need to be
@@ -186,8 +187,9 @@ class MemoryRateLimitStore(RateLimitStore):
         held = self._leases
         for key in keys:
             holders = held.get(key)
-            if holders is not None and holders.pop(token, None) is not None and not holders:
-                del held[key]
+            if holders is not None:
+                # An emptied holders dict stays for the key's next lease (the sweep drops it).
+                holders.pop(token, None)
 
     def bind(
         self, request_rates: Sequence[Rate], token_rates: Sequence[Rate], leases: Sequence[Lease]
@@ -204,7 +206,7 @@ class MemoryRateLimitStore(RateLimitStore):
         return len(self._tats)
 
     @staticmethod
-    def _expire(holders: dict[str, float], now: float) -> None:
+    def _expire(holders: dict[object, float], now: float) -> None:
         """Drop leases never released (a request that did not settle)."""
         for token in [t for t, until in holders.items() if until <= now]:
             del holders[token]
@@ -225,12 +227,24 @@ class MemoryRateLimitStore(RateLimitStore):
                 )
             tats = dict(heapq.nlargest(keep, tats.items(), key=lambda kv: kv[1]))
         self._tats = tats
-        self._sweep_at = min(max(2 * len(tats), _MIN_SWEEP), max_keys)
         for key in list(self._leases):
             holders = self._leases[key]
             self._expire(holders, now)
             if not holders:
                 del self._leases[key]
+        self._sweep_at = min(max(2 * len(tats), 2 * len(self._leases), _MIN_SWEEP), max_keys)
+
+    def _holders(self, key: str, now: float) -> dict[object, float]:
+        """A new, empty holders dict for the concurrency key ``key``, in ``_leases``. A
+        released lease leaves its key's dict behind, emptied, for the key's next request
+        (making and dropping one per request cost more than the lease); the sweep drops
+        them, and runs here too when the concurrency keys alone have grown to its
+        threshold (a deployment with concurrency limits only)."""
+        if len(self._leases) >= self._sweep_at:
+            self._sweep(now)
+        holders: dict[object, float] = {}
+        self._leases[key] = holders
+        return holders
 
 
 class MemoryBinding:
@@ -375,7 +389,7 @@ class MemoryBinding:
                 take += [
                     f"    h{i} = held.get({key!r})",
                     f"    if h{i} is None:",
-                    f"        held[{key!r}] = h{i} = {{}}",
+                    f"        h{i} = store._holders({key!r}, now)",
                     f"    h{i}[token] = now + {ttl!r}",
                 ]
             # For each kind, the limit with the fewest units left after this request (a
@@ -423,8 +437,8 @@ class MemoryBinding:
             for key in self._lease_keys:
                 give += [
                     f"    h = held.get({key!r})",
-                    "    if h is not None and h.pop(token, None) is not None and not h:",
-                    f"        del held[{key!r}]",
+                    "    if h is not None:",
+                    "        h.pop(token, None)",
                 ]
         if len(give) == 1:
             give.append("    return None")
