@@ -68,6 +68,9 @@ _HIGH_WATER = 65536
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JOIN_HEADER = b": ".join
+"""``name: value`` of one header (mapped over a response's headers: no comprehension's frame
+and no method look-up per header)."""
 _DISCONNECT = {"type": "http.disconnect"}
 
 # Phases of a connection, for the guards.
@@ -219,7 +222,7 @@ class _Cycle:
             # and values are the application's: a CR or LF inside one would let it write a
             # second response, so the block must hold exactly one line break per header;
             # then "\r\n<name>:" can only be the start of a header.
-            block = b"\r\n".join([b": ".join(h) for h in headers])
+            block = b"\r\n".join(map(_JOIN_HEADER, headers))
             n = len(headers) - 1
             if block.count(b"\n") != n or block.count(b"\r") != n:
                 raise RuntimeError("Invalid HTTP header name or value (CR or LF inside one).")

@@ -7,7 +7,7 @@ deployment does not use it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 from shuniu.core.errors import GatewayError
@@ -26,7 +26,7 @@ def authenticate(
     tenancy: Tenancy,
     headers: Any,
     trace: RequestTrace | None,
-    header_map: Mapping[bytes, bytes] | None = None,
+    header_map: dict[bytes, bytes] | None = None,
 ) -> Principal | None:
     """The caller's principal (401 without a valid credential), or ``None`` on an open
     gateway. ``header_map``: the request's headers by name (see ``AuthChain.authenticate``)."""

@@ -12,8 +12,8 @@ Credentials never appear in errors or logs: messages name the problem, not the v
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
 from shuniu.core.contracts import Authenticator
 from shuniu.core.errors import GatewayError
@@ -28,10 +28,12 @@ __all__ = [
     "missing_credentials",
 ]
 
-_AUTHORIZATION = b"authorization"
-_API_KEY = b"api-key"  # Azure OpenAI's header, which some OpenAI clients send instead
-_X_API_KEY = b"x-api-key"  # Anthropic's header (its SDK sends the key there)
-_BEARER = b"bearer "
+# Final: compiled code uses them as constants instead of looking them up in the module.
+_AUTHORIZATION: Final = b"authorization"
+_API_KEY: Final = b"api-key"  # Azure OpenAI's header, which some OpenAI clients send instead
+_X_API_KEY: Final = b"x-api-key"  # Anthropic's header (its SDK sends the key there)
+_BEARER: Final = b"bearer "
+_BEARER_AS_SENT: Final = b"Bearer "
 
 
 def missing_credentials() -> GatewayError:
@@ -61,13 +63,14 @@ def bearer_token(headers: Any) -> str | None:
     return bearer_token_of(header_map(headers))
 
 
-def bearer_token_of(headers: Mapping[bytes, bytes]) -> str | None:
+def bearer_token_of(headers: dict[bytes, bytes]) -> str | None:
     """The credential from a request's header map (name → first value, see
     :func:`~shuniu.core.http.asgi.header_map`): ``Authorization: Bearer …`` decides when that
     header is there, else ``api-key``, else ``x-api-key``."""
     value = headers.get(_AUTHORIZATION)
     if value is not None:
-        if value[:7].lower() == _BEARER:
+        # The scheme as clients write it first (no copy), then in any case.
+        if value.startswith(_BEARER_AS_SENT) or value[:7].lower() == _BEARER:
             token = value[7:].strip()
             return token.decode("latin-1") if token else None
         return None
@@ -91,7 +94,7 @@ class AuthChain:
     def __bool__(self) -> bool:
         return bool(self.authenticators)
 
-    def authenticate(self, headers: Any, header_map: Mapping[bytes, bytes] | None = None) -> Principal:
+    def authenticate(self, headers: Any, header_map: dict[bytes, bytes] | None = None) -> Principal:
         """The request's principal, or a 401 :class:`GatewayError`. ``header_map``: the
         request's headers by name, when the caller has made it (the credential is read
         from it; authenticators still get the raw ``headers``)."""
