@@ -11,9 +11,9 @@ them (``MemoryBinding`` chooses by :data:`COMPILED`). Both book the same bits as
 the same, in the same order): ``tests/test_ratelimit_binding.py`` checks each against it,
 this one also compiled (``tests/test_compiled_build.py``).
 
-The store is reached through the few attributes the binding needs (its clock, its two dicts,
-its sweep threshold and its two bookkeeping methods), the same ones the generated functions
-read.
+The store is reached through the few attributes the binding needs (its clock, its sweep
+threshold and its bookkeeping methods), the same ones the generated functions read; its two
+dicts are held here (the store never replaces them: its sweep empties and refills them).
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class LoopBinding:
     (see there for what they answer), for one principal's rates and leases."""
 
     store: Any
+    tats: dict[str, float]
+    """The store's GCRA keys (its ``_tats``)."""
+    held: dict[str, dict[object, float]]
+    """The store's concurrency keys (its ``_leases``)."""
     requests: list[RateLimit]
     tokens: list[RateLimit]
     leases: list[LeaseLimit]
@@ -93,6 +97,8 @@ class LoopBinding:
         record: Callable[[float, tuple[float, ...]], None],
     ) -> None:
         self.store = store
+        self.tats = store._tats
+        self.held = store._leases
         self.requests = requests
         self.tokens = tokens
         self.leases = leases
@@ -105,7 +111,7 @@ class LoopBinding:
             return None
         store = self.store
         now: float = store.clock()
-        tats: dict[str, float] = store._tats
+        tats = self.tats
         requests = self.requests
         tokens = self.tokens
         for rate in requests:
@@ -123,7 +129,7 @@ class LoopBinding:
                 return None
             rate.debt = debt
         leases = self.leases
-        held: dict[str, dict[object, float]] = store._leases
+        held = self.held
         for lease in leases:
             holders = held.get(lease.key)
             if holders and len(holders) >= lease.limit:
@@ -158,7 +164,7 @@ class LoopBinding:
         if delta and self.tokens:
             # MemoryRateLimitStore._move for each token rate (the same arithmetic).
             now: float = store.clock()
-            tats: dict[str, float] = store._tats
+            tats = self.tats
             for rate in self.tokens:
                 key = rate.key
                 tat = tats.get(key, now)
@@ -169,12 +175,11 @@ class LoopBinding:
                     if tat > now:
                         if key not in tats and len(tats) >= store._sweep_at:
                             store._sweep(now)
-                            tats = store._tats
                         tats[key] = tat
                     else:
                         tats.pop(key, None)
         if self.leases:
-            held: dict[str, dict[object, float]] = store._leases
+            held = self.held
             # An emptied holders dict stays (the store's sweep drops it): this principal's
             # next request would only make it again.
             for lease in self.leases:

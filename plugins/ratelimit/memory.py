@@ -226,7 +226,10 @@ class MemoryRateLimitStore(RateLimitStore):
                     max_keys,
                 )
             tats = dict(heapq.nlargest(keep, tats.items(), key=lambda kv: kv[1]))
-        self._tats = tats
+        # In place: a compiled binding holds the dict itself (see loop_binding).
+        self._tats.clear()
+        self._tats.update(tats)
+        tats = self._tats
         for key in list(self._leases):
             holders = self._leases[key]
             self._expire(holders, now)
