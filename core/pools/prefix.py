@@ -36,10 +36,16 @@ def prefix_hashes(req: InferenceRequest, block_chars: int, block_tokens: int) ->
         # the same everywhere).
         data = req.prompt.encode()
         size = len(data)
-        for start in range(0, size - block + 1, block):
+        # A while loop, not range() with a step: compiled, it stays on native ints (range()
+        # with a variable step makes and iterates a range object).
+        if block < 1:
+            raise ValueError(f"a prefix block must hold at least 1 character, not {block}")
+        start = 0
+        while start + block <= size:
             piece = data[start : start + block]
             h = hash((h, crc32(piece), adler32(piece)))
             out.append(h)
+            start += block
     req.prefix_hashes = out
     req.prefix_block = block
     return out
