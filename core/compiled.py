@@ -22,6 +22,7 @@ COMPILED_PATHS = (
     "backends/sim/engine.py",
     # A request's credential, tier and rate limits: the memory store's booking, the
     # x-ratelimit-* headers, the tenancy and the request path's step that calls it.
+    "core/tenancy/binding.py",
     "plugins/ratelimit/loop_binding.py",
     "core/tenancy/ratelimit_headers.py",
     "core/tenancy/tenancy.py",

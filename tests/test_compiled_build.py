@@ -126,14 +126,17 @@ def test_the_build_compiles_the_hot_modules(compiled_site: Path) -> None:
     probe = _run_on(compiled_site, "-c", "from shuniu.core.compiled import compiled; print(*compiled())")
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert probe.stdout.split() == [path.removesuffix(".py").replace("/", ".") for path in COMPILED_PATHS]
-    # The memory store's bindings take the compiled loops there.
+    # The memory store's bindings take the compiled loops there, which the compiled tenancy
+    # calls directly (they are a core Binding).
     check = (
+        "from shuniu.core.tenancy.binding import Binding\n"
         "from shuniu.plugins.ratelimit.memory import MemoryRateLimitStore as M\n"
-        "print(M().bind([], [], []).take)"
+        "b = M().bind([], [], [])\n"
+        "print(b.take, isinstance(b.native, Binding))"
     )
     probe = _run_on(compiled_site, "-c", check)
     assert probe.returncode == 0, probe.stderr[-3000:]
-    assert "LoopBinding" in probe.stdout
+    assert "LoopBinding" in probe.stdout and probe.stdout.split()[-1] == "True"
 
 
 def test_compiled_and_pure_simulations_agree_bit_for_bit(compiled_site: Path) -> None:

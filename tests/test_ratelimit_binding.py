@@ -14,6 +14,7 @@ import random
 import pytest
 
 from shuniu.core.contracts import Decision, Lease, Rate
+from shuniu.core.tenancy.binding import Binding
 from shuniu.plugins.ratelimit.memory import MemoryBinding, MemoryRateLimitOptions, MemoryRateLimitStore
 
 MINUTE = 60.0
@@ -147,6 +148,16 @@ def test_released_concurrency_keys_stay_bounded_without_any_rate(loops: bool) ->
     again = bound(store, [], [], [Lease("k:t:key99:conc", 1)], loops)
     kept = store._leases["k:t:key99:conc"]
     assert again.take(0.0, 100) is not None and store._leases["k:t:key99:conc"] is kept
+
+
+def test_the_loops_are_a_core_binding_and_the_generated_functions_are_not() -> None:
+    # The compiled tenancy calls a binding's ``native`` Binding directly, and settles an
+    # admission booked there on it; the generated functions are called the usual way.
+    store = MemoryRateLimitStore(clock=Clock())
+    binding = store.bind([Rate("k:a:rpm", 5, MINUTE, 1.0)], [], [Lease("k:a:conc", 1)])
+    assert binding.native is None
+    binding.use_loops()
+    assert isinstance(binding.native, Binding) and binding.take == binding.native.take
 
 
 def test_a_binding_refuses_rates_that_share_a_key() -> None:

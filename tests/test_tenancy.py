@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
 from shuniu.core.api.openai import parse_request
 from shuniu.core.config import Deployment
 from shuniu.core.errors import GatewayError
+from shuniu.core.pipeline import identity
+from shuniu.core.pipeline.recording import Progress
+from shuniu.core.tenancy.binding import Binding
 from shuniu.core.tenancy.ratelimit_headers import reset_bytes
 from shuniu.core.tenancy.tenancy import Tenancy, format_reset
 from shuniu.core.types import InferenceRequest, Limits, Principal
@@ -190,6 +194,37 @@ def test_the_headers_of_a_booking_say_what_is_left_and_when_it_refills(
         b"x-ratelimit-remaining-tokens": b"5975",
         b"x-ratelimit-reset-tokens": b"250ms",  # 25 tokens of 6000 a minute
     }
+
+
+@pytest.mark.parametrize("loops", [False, True], ids=["generated", "loops"])
+def test_a_bound_booking_is_settled_on_its_binding(loops: bool) -> None:
+    # The compiled loops (a core Binding) are booked and given back directly; the generated
+    # functions through the binding object. Either way the request's lease is released and
+    # its unused tokens are given back.
+    d = _deployment(tiers={"t": {"key_limits": {"tpm": 6000, "concurrency": 1}}})
+    p = Principal(tenant="a", key_id="k", tier="t")
+    store = MemoryRateLimitStore(None)
+    store.clock = lambda: 1000.0
+    bind = store.bind
+
+    def bind_with(*args: Any) -> Any:
+        binding = bind(*args)
+        if loops:
+            binding.use_loops()
+        return binding
+
+    store.bind = bind_with  # type: ignore[method-assign]
+    t = Tenancy(d, [], store)
+    admission = t.acquire_now(_req({"max_tokens": 16}, p), t.tiers["t"])
+    assert admission is not None
+    assert isinstance(admission.binding, Binding) == loops
+    with pytest.raises(GatewayError, match="concurrent"):  # the one slot is held
+        t.acquire_now(_req({"max_tokens": 16}, p), t.tiers["t"])
+    progress = Progress("m", None)
+    progress.prompt_tokens = 9  # and no output: the 16 reserved tokens go back
+    identity.settle_now(t, admission, progress)
+    assert store._leases["k:a:k:conc"] == {}
+    assert store._tats == {"k:a:k:tpm": 1000.0 + 9 * 60.0 / 6000}
 
 
 def test_a_request_too_large_for_a_token_limit_is_refused_at_once() -> None:

@@ -19,6 +19,7 @@ from shuniu.core.contracts import Authenticator, AuthenticatorOptions, Decision,
 from shuniu.core.errors import GatewayError, model_not_found
 from shuniu.core.tenancy.admission import Admission
 from shuniu.core.tenancy.auth import AuthChain
+from shuniu.core.tenancy.binding import Binding
 from shuniu.core.tenancy.ratelimit_headers import (
     LIMIT_REQUESTS,
     LIMIT_TOKENS,
@@ -99,6 +100,7 @@ class _Plan:
         "binding",
         "leases",
         "max_reservable",
+        "native",
         "request_limit_headers",
         "request_limits",
         "request_rates",
@@ -146,6 +148,9 @@ class _Plan:
         self.binding: Any = None
         """The store's compiled form of these limits (a store with ``bind``), made on first
         use."""
+        self.native: Binding | None = None
+        """``binding``'s :class:`Binding`, when it has one (its ``native``): called
+        directly, a C call in a compiled build."""
 
     def too_large(self, reserved: int) -> GatewayError:
         label, limit = next((label, limit) for _, limit, _, label in self.tokens if reserved > limit)
@@ -354,9 +359,16 @@ class Tenancy:
             binding = plan.binding
             if binding is None:
                 binding = plan.binding = self._bind(plan.request_rates, _templates(plan), plan.leases)
+                native = getattr(binding, "native", None)
+                plan.native = native if isinstance(native, Binding) else None
             self._counter += 1
             booking = self._counter  # an int: the binding's leases are this process's own
-            taken = binding.take(float(reserved), booking)
+            native = plan.native
+            if native is not None:
+                taken = native.take(float(reserved), booking)
+                binding = native  # settled there too (see settle_now)
+            else:
+                taken = binding.take(float(reserved), booking)
             if taken is not None:
                 headers = (
                     taken_headers(plan.request_limit_headers, plan.token_limit_headers, taken)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shuniu.core.tenancy.binding import Binding
+
 __all__ = ["COMPILED", "LeaseLimit", "LoopBinding", "RateLimit"]
 
 COMPILED = not __file__.endswith(".py")
@@ -67,9 +69,10 @@ class LeaseLimit:
         self.ttl = ttl
 
 
-class LoopBinding:
+class LoopBinding(Binding):
     """``take`` and ``give_back`` of :class:`~shuniu.plugins.ratelimit.memory.MemoryBinding`
-    (see there for what they answer), for one principal's rates and leases."""
+    (see there for what they answer), for one principal's rates and leases. A
+    :class:`~shuniu.core.tenancy.binding.Binding`: the compiled tenancy calls it directly."""
 
     store: Any
     tats: dict[str, float]

@@ -273,7 +273,7 @@ class MemoryBinding:
     they cost about half of the straight lines (:meth:`use_loops`)."""
 
     __slots__ = ("_keys", "_lease_keys", "_leases", "_max_cost", "_never", "_requests", "_store", "_tokens",
-                 "give_back", "source", "take")  # fmt: skip
+                 "give_back", "native", "source", "take")  # fmt: skip
 
     take: Callable[[float, object], tuple[int, int, float, int, int, float] | None]
     """``take(cost, token)``: book one request (one unit of each request rate, ``cost`` of
@@ -314,6 +314,9 @@ class MemoryBinding:
             or any(limit_n <= 0 for _, limit_n, _ in self._leases)
         )
         """A limit that refuses every request (0, or below one request once scaled)."""
+        self.native: loop_binding.LoopBinding | None = None
+        """The compiled loops that ``take`` and ``give_back`` are bound to, after
+        :meth:`use_loops` (the compiled tenancy calls them directly); else ``None``."""
         self.source = self._write()
         """The two functions' code (for a reader, and for a test that wants to see it)."""
         if loop_binding.COMPILED:  # compiled loops beat the interpreted straight lines
@@ -337,6 +340,7 @@ class MemoryBinding:
             self._never,
             self._record,
         )
+        self.native = loops
         self.take = loops.take
         self.give_back = loops.give_back
 
