@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +17,7 @@ from shuniu.core.errors import ConfigError, GatewayError
 from shuniu.core.http.asgi import header_map
 from shuniu.core.plugin_manager import load_plugins
 from shuniu.core.tenancy.auth import AuthChain, bearer_token, bearer_token_of
+from shuniu.core.types import Principal
 from shuniu.plugins.auth.api_keys import KEY_PREFIX, ApiKeys, ApiKeysOptions, hash_key, new_key
 
 
@@ -70,6 +72,48 @@ def test_a_key_that_passed_is_not_hashed_again_and_a_failed_one_is_not_remembere
     assert auth.authenticate(a, ()) is first
     with pytest.raises(AssertionError):  # b never passed: it still needs its hash
         auth.authenticate(b, ())
+
+
+class Counting:
+    """An authenticator that accepts one credential and counts how often it is asked."""
+
+    def __init__(self, credential: str, stable: bool) -> None:
+        self.credential = credential
+        self.stable = stable
+        self.asked = 0
+
+    def authenticate(self, credential: str, headers: Any) -> Principal | None:
+        self.asked += 1
+        return Principal(tenant="t", key_id="k", tier="default") if credential == self.credential else None
+
+
+@pytest.mark.parametrize("second_stable", [True, False])
+def test_the_chain_remembers_credentials_only_when_every_authenticator_is_stable(
+    second_stable: bool,
+) -> None:
+    # A stable chain asks no authenticator again for a credential one accepted; with one
+    # authenticator that is not stable (tokens that expire, keys revoked at run time) every
+    # request asks them all again. A refused credential is never remembered.
+    key = new_key()
+    first, second = Counting("other", True), Counting(key, second_stable)
+    chain = AuthChain([first, second])
+    headers = [(b"authorization", b"Bearer " + key.encode())]
+    principals = [chain.authenticate(headers) for _ in range(3)]
+    assert principals[0] == principals[2] and principals[0].tenant == "t"
+    assert (first.asked, second.asked) == ((1, 1) if second_stable else (3, 3))
+    assert (principals[0] is principals[2]) == second_stable
+    for _ in range(2):
+        with pytest.raises(GatewayError):
+            chain.authenticate([(b"authorization", b"Bearer nope")])
+    assert len(chain.known) == (1 if second_stable else 0)
+    assert first.asked == (3 if second_stable else 5)
+
+
+def test_api_keys_are_stable_and_jwt_is_not() -> None:
+    from shuniu.plugins.auth.jwt_auth import JwtAuthenticator
+
+    assert ApiKeys.stable is True
+    assert getattr(JwtAuthenticator, "stable", False) is False
 
 
 def test_key_models_and_limits_reach_the_principal() -> None:

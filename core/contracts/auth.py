@@ -23,7 +23,14 @@ __all__ = ["Authenticator", "AuthenticatorOptions"]
 
 
 class Authenticator(Protocol):
-    """Turns a bearer credential into a principal. Built once from its options."""
+    """Turns a bearer credential into a principal. Built once from its options.
+
+    An authenticator may set a class attribute ``stable = True`` when a credential it
+    accepted maps to the same principal for as long as the authenticator lives (static keys
+    from the deployment: nothing expires or is revoked while it runs). When every
+    authenticator of a deployment is stable, the gateway remembers each accepted credential
+    and asks none of them again for it. Absent: ``False``.
+    """
 
     def authenticate(self, credential: str, headers: Any) -> Principal | None:
         """The principal for ``credential``; ``None`` when it is not this authenticator's

@@ -86,10 +86,16 @@ def bearer_token_of(headers: dict[bytes, bytes]) -> str | None:
 class AuthChain:
     """The deployment's authenticators, asked in order."""
 
-    __slots__ = ("authenticators",)
+    __slots__ = ("authenticators", "known", "stable")
 
     def __init__(self, authenticators: Sequence[Authenticator]) -> None:
         self.authenticators = tuple(authenticators)
+        self.stable = all(getattr(a, "stable", False) is True for a in self.authenticators)
+        """Every authenticator is stable (see :class:`~shuniu.core.contracts.Authenticator`):
+        an accepted credential's principal is remembered in :attr:`known`."""
+        self.known: dict[str, Principal] = {}
+        """Accepted credentials' principals, by credential, when :attr:`stable` (bounded by
+        what the authenticators accept: a deployment's keys)."""
 
     def __bool__(self) -> bool:
         return bool(self.authenticators)
@@ -101,8 +107,13 @@ class AuthChain:
         credential = bearer_token(headers) if header_map is None else bearer_token_of(header_map)
         if credential is None:
             raise missing_credentials()
+        known = self.known.get(credential)
+        if known is not None:
+            return known
         for authenticator in self.authenticators:
             principal = authenticator.authenticate(credential, headers)
             if principal is not None:
+                if self.stable:
+                    self.known[credential] = principal
                 return principal
         raise invalid_credentials()

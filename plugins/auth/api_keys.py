@@ -170,6 +170,7 @@ class ApiKeys(Authenticator):
     """Finds a key's principal by the SHA-256 of the presented key."""
 
     __slots__ = ("_by_digest", "_verified")
+    stable = True  # the keys come from the deployment: none expires or is revoked while it runs
 
     def __init__(self, options: ApiKeysOptions) -> None:
         # One frozen principal per key, built once: authenticating allocates nothing but the
