@@ -30,6 +30,15 @@ def taken_headers(
     binding's ``take`` answers; ``*_limit_headers`` hold each limit's
     ``x-ratelimit-limit-*`` header, by index."""
     req, req_left, req_reset, tok, tok_left, tok_reset = taken
+    if req >= 0 and tok >= 0:  # the usual plan, both kinds: one list, made whole
+        return [
+            request_limit_headers[req],
+            (REMAINING_REQUESTS, str(req_left).encode() if req_left > 0 else b"0"),
+            (RESET_REQUESTS, reset_bytes(req_reset)),
+            token_limit_headers[tok],
+            (REMAINING_TOKENS, str(tok_left).encode() if tok_left > 0 else b"0"),
+            (RESET_TOKENS, reset_bytes(tok_reset)),
+        ]
     out: list[tuple[bytes, bytes]] = []
     if req >= 0:
         out.append(request_limit_headers[req])
