@@ -23,6 +23,7 @@ COMPILED_PATHS = (
     # A request's credential, tier and rate limits: the memory store's booking, the
     # x-ratelimit-* headers, the tenancy and the request path's step that calls it.
     "core/tenancy/binding.py",
+    "core/tenancy/admission.py",
     "plugins/ratelimit/loop_binding.py",
     "core/tenancy/ratelimit_headers.py",
     "core/tenancy/tenancy.py",

@@ -1,20 +1,22 @@
-"""A request's hold on its rate limits (in its own module: msgspec reads a struct's
-annotations from its module, which a compiled ``tenancy`` would not give it)."""
+"""A request's hold on its rate limits.
+
+A regular install compiles this module with mypyc (``core/compiled.py``): the tenancy makes
+one per limited request and the request path's settle step reads it back, both compiled, so
+a native class is made and read in C."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import msgspec
 
 from shuniu.core.contracts import Lease, Rate
 
 __all__ = ["Admission"]
 
 
-class Admission(msgspec.Struct):
-    """A request's hold on its rate limits, settled when it ends. A struct: made in C, one
-    per limited request."""
+class Admission:
+    """A request's hold on its rate limits, settled when it ends."""
+
+    __slots__ = ("binding", "headers", "leases", "reserved", "token", "tokens")
 
     token: int | str
     """The request's booking token (its leases are held under it): a string the store
@@ -26,5 +28,21 @@ class Admission(msgspec.Struct):
     """Tokens reserved: prompt plus ``max_tokens`` (or the default)."""
     headers: list[tuple[bytes, bytes]]
     """``x-ratelimit-*`` headers for the response."""
-    binding: Any = None
+    binding: Any
     """The store binding that booked it (then it settles there), else ``None``."""
+
+    def __init__(
+        self,
+        token: int | str,
+        tokens: list[Rate],
+        leases: list[Lease],
+        reserved: int,
+        headers: list[tuple[bytes, bytes]],
+        binding: Any = None,
+    ) -> None:
+        self.token = token
+        self.tokens = tokens
+        self.leases = leases
+        self.reserved = reserved
+        self.headers = headers
+        self.binding = binding
