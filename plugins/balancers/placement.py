@@ -17,10 +17,11 @@ from typing import Any
 
 from shuniu.core.contracts import EndpointView
 from shuniu.core.pools.load import LoadWeights, load_score
+from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.new_prefixes import NewPrefixes
 
-__all__ = ["Costs", "cheapest", "place"]
+__all__ = ["Affinity", "Costs", "cheapest", "place"]
 
 
 def cheapest(
@@ -196,3 +197,71 @@ def place(
     if new is not None and chosen is not None and 8 * cached < req.prompt_tokens:
         new.placed(chosen.index, req.prompt_tokens - cached, new.now())
     return chosen
+
+
+class Affinity:
+    """``prefix_affinity``'s choice for one request: the prompt's blocks, the endpoints that
+    hold its prefix (from the balancer's index), :func:`place`, and the index told where it
+    went. Here rather than in the balancer's module so that it runs compiled: the balancer
+    calls :meth:`pick` once per request, and everything it calls in this module and in
+    :mod:`~shuniu.core.pools.prefix` is a C call."""
+
+    index: Any
+    """The balancer's ``AgingPrefixIndex`` (interpreted: called the usual way)."""
+    costs: Costs
+    bound: LoadWeights
+    block_chars: int
+    block_tokens: int
+    min_match: int
+    """Fewest leading blocks an endpoint must hold to count as holding the prefix."""
+    new: NewPrefixes | None
+    turn: int
+    """Requests placed (where a tie between equal endpoints starts)."""
+
+    def __init__(
+        self,
+        index: Any,
+        costs: Costs,
+        bound: LoadWeights,
+        block_chars: int,
+        block_tokens: int,
+        min_match: int,
+        new: NewPrefixes | None,
+    ) -> None:
+        self.index = index
+        self.costs = costs
+        self.bound = bound
+        self.block_chars = block_chars
+        self.block_tokens = block_tokens
+        self.min_match = min_match
+        self.new = new
+        self.turn = 0
+
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
+        if not endpoints:
+            return None
+        hashes = prefix_hashes(req, self.block_chars, self.block_tokens)
+        depths: dict[int, int] = {}
+        if hashes:
+            alive = 0
+            for e in endpoints:
+                alive |= 1 << e.index
+            least = self.min_match
+            for i, d in self.index.match_sparse(hashes, alive).items():
+                if d >= least:
+                    depths[i] = d
+        chosen = place(
+            req,
+            endpoints,
+            depths,
+            self.block_tokens,
+            self.block_chars,
+            self.costs,
+            self.bound,
+            self.turn,
+            self.new,
+        )
+        self.turn += 1
+        if chosen is not None:
+            self.index.record(hashes, chosen)
+        return chosen

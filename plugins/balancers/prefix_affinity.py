@@ -32,7 +32,7 @@ from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.types import InferenceRequest
 from shuniu.plugins.balancers.least_load import LoadOptions
 from shuniu.plugins.balancers.new_prefixes import NewPrefixes
-from shuniu.plugins.balancers.placement import Costs, place
+from shuniu.plugins.balancers.placement import Affinity, Costs
 from shuniu.plugins.balancers.prefix_index import AgingPrefixIndex
 
 __all__ = ["PrefixAffinity", "PrefixAffinityOptions", "PrefixOptions", "PrefixScorer"]
@@ -94,50 +94,31 @@ class PrefixAffinityOptions(PrefixOptions):
 class PrefixAffinity(Balancer):
     """Soonest first token, from the prefixes this gateway (and its fleet) dispatched."""
 
-    __slots__ = ("_block_chars", "_block_tokens", "_min_match", "_turn", "bound_weights", "costs", "index",
-                 "new", "options")  # fmt: skip
+    __slots__ = ("affinity", "bound_weights", "costs", "index", "new", "options")
     takes_full_endpoints = True
 
     def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
         self.options = o = options or PrefixAffinityOptions()
         # Read per request: copied from the (frozen) options, whose reads cost more.
         self.costs = Costs(o)
-        self._block_chars = o.block_chars
-        self._block_tokens = o.block_tokens
-        self._min_match = o.min_match_blocks
         w = o.load.weights()
         # The bound compares requests, not tokens (see ``balance_abs``).
         self.bound_weights = LoadWeights(w.waiting, math.inf, w.kv, w.kv_knee)
         self.index = AgingPrefixIndex(o.max_blocks, o.memory_s)
         self.new = NewPrefixes(o.new_prefix_window_s) if o.new_prefix_window_s > 0 else None
-        self._turn = 0
-
-    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
-        if not endpoints:
-            return None
-        hashes = prefix_hashes(req, self._block_chars, self._block_tokens)
-        depths: dict[int, int] = {}
-        if hashes:
-            alive = 0
-            for e in endpoints:
-                alive |= 1 << e.index
-            least = self._min_match
-            depths = {i: d for i, d in self.index.match_sparse(hashes, alive).items() if d >= least}
-        chosen = place(
-            req,
-            endpoints,
-            depths,
-            self._block_tokens,
-            self._block_chars,
+        self.affinity = Affinity(
+            self.index,
             self.costs,
             self.bound_weights,
-            self._turn,
+            o.block_chars,
+            o.block_tokens,
+            o.min_match_blocks,
             self.new,
         )
-        self._turn += 1
-        if chosen is not None:
-            self.index.record(hashes, chosen)
-        return chosen
+        """The choice itself (compiled with placement; see there)."""
+
+    def pick(self, req: InferenceRequest, endpoints: Sequence[EndpointView]) -> EndpointView | None:
+        return self.affinity.pick(req, endpoints)
 
     def shared_index(self) -> AgingPrefixIndex:
         return self.index
