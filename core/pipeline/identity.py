@@ -14,7 +14,6 @@ from shuniu.core.errors import GatewayError
 from shuniu.core.observability.tracing import RequestTrace, traced
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pools.pool import Pool
-from shuniu.core.tenancy.binding import Binding
 from shuniu.core.tenancy.tenancy import Admission, Tenancy, Tier
 from shuniu.core.types import InferenceRequest, Principal
 
@@ -91,14 +90,6 @@ def settle_now(tenancy: Tenancy, admission: Admission, progress: Progress) -> No
     """:func:`settle` for a store that keeps its state in this process (``tenancy.sync``)."""
     try:
         used = 0 if progress.cached else progress.prompt_tokens + progress.completion_tokens  # _used
-        binding = admission.binding
-        # Booked by the store's binding: given back there, in one call (on a Binding, the
-        # compiled loops, a C call in a compiled build; on another binding, looked up).
-        if isinstance(binding, Binding):
-            binding.give_back(float(used - admission.reserved), admission.token)
-        elif binding is not None:
-            binding.give_back(float(used - admission.reserved), admission.token)
-        else:
-            tenancy.settle_now(admission, used)
+        tenancy.settle_now(admission, used)
     except Exception:
         log.exception("settling rate limits failed")

@@ -137,8 +137,7 @@ class MemoryRateLimitStore(RateLimitStore):
         if denied is None:
             for key, tat in booked.items():
                 if key not in tats and len(tats) >= self._sweep_at:
-                    self._sweep(now)
-                    tats = self._tats
+                    self._sweep(now)  # (in place: ``tats`` is still the dict)
                 tats[key] = tat
             for lease in leases:
                 holders = held.get(lease.key)
@@ -229,7 +228,6 @@ class MemoryRateLimitStore(RateLimitStore):
         # In place: a compiled binding holds the dict itself (see loop_binding).
         self._tats.clear()
         self._tats.update(tats)
-        tats = self._tats
         for key in list(self._leases):
             holders = self._leases[key]
             self._expire(holders, now)
@@ -434,7 +432,6 @@ class MemoryBinding:
                     "            if tat > now:",
                     f"                if {key!r} not in tats and len(tats) >= store._sweep_at:",
                     "                    store._sweep(now)",
-                    "                    tats = store._tats",
                     f"                tats[{key!r}] = tat",
                     "            else:",
                     f"                tats.pop({key!r}, None)",
@@ -458,8 +455,7 @@ class MemoryBinding:
         for key, tat in zip(self._keys, booked, strict=True):
             if tat > now:
                 if key not in tats and len(tats) >= store._sweep_at:
-                    store._sweep(now)
-                    tats = store._tats
+                    store._sweep(now)  # (in place: ``tats`` is still the dict)
                 tats[key] = tat
 
 
