@@ -84,7 +84,7 @@ class PoolView(Protocol):
 class Ticket:
     """A request's claim on one endpoint slot, from dispatch until release."""
 
-    __slots__ = ("admitted", "cost", "endpoint", "pool", "prefill", "released", "request")
+    __slots__ = ("admitted", "cost", "endpoint", "pool", "prefill", "released", "request", "tag")
 
     def __init__(
         self, request: InferenceRequest, pool: PoolView, endpoint: EndpointView, admitted: float, cost: int
@@ -100,3 +100,7 @@ class Ticket:
         """Tokens added to the endpoint's ``prefill_tokens`` (given back at the first
         output, or on release)."""
         self.released = False
+        self.tag: object = None
+        """The scheduler's own: what it keeps with the slot until it releases it (the
+        ``priority`` scheduler: the tier whose slots it counts), so that ``release`` need
+        not look it up again. ``None`` until a scheduler sets it."""

@@ -141,6 +141,7 @@ def _limits(pool: PoolView) -> tuple[int, int] | None:
 
 class _Tier:
     __slots__ = (
+        "capped",
         "client_priority",
         "headroom",
         "in_flight",
@@ -163,6 +164,9 @@ class _Tier:
         self.client_priority = policy.client_priority
         self.max_share = policy.max_share
         self.headroom = policy.headroom
+        self.capped = policy.max_share is not None or policy.headroom is not None
+        """Whether ``max_share`` or ``headroom`` can hold the tier back (else it always
+        has room, and the hot path skips :meth:`has_room`)."""
         self.queued = 0
         self.in_flight = 0
         """Requests of this tier holding a slot (for ``max_share``)."""
@@ -346,7 +350,13 @@ class PriorityScheduler(Scheduler):
         loop = asyncio.get_running_loop()
         now = loop.time()
         tier = self._tiers.get(req.principal.tier, self._default)
-        prio = self._effective_priority(req, tier)
+        prio = tier.priority
+        if tier.client_priority:
+            by_name = req.header_map
+            raw = req.header(_PRIORITY_HEADER) if by_name is None else by_name.get(_PRIORITY_HEADER)
+            # Most requests ask for nothing: the tier's priority, without a call.
+            if raw is not None or req.priority != 0 or "priority" in req.body:
+                prio = self._asked_priority(req, raw, prio)
         req.priority = prio
         deadline = req.deadline
         if deadline is not None and deadline <= now:
@@ -359,9 +369,10 @@ class PriorityScheduler(Scheduler):
                     headers=_retry_after(1),
                 )
             )
-        if not self._count and tier.has_room(pool):
+        if not self._count and (not tier.capped or tier.has_room(pool)):
             ticket = pool.try_dispatch(req, now)
             if ticket is not None:
+                ticket.tag = tier
                 tier.in_flight += 1
                 self._slots += 1
                 return ticket
@@ -457,7 +468,9 @@ class PriorityScheduler(Scheduler):
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
         if ticket.pool.free(ticket, outcome):
-            self._tiers.get(ticket.request.principal.tier, self._default).in_flight -= 1
+            tier = ticket.tag
+            if type(tier) is _Tier:  # (else not dispatched by this queue: nothing counted)
+                tier.in_flight -= 1
             self._slots -= 1
             if self._count:
                 self._dispatch(ticket.pool)
@@ -579,12 +592,10 @@ class PriorityScheduler(Scheduler):
         return err
 
     @staticmethod
-    def _effective_priority(req: InferenceRequest, tier: _Tier) -> int:
-        prio = tier.priority
-        if not tier.client_priority:
-            return prio
+    def _asked_priority(req: InferenceRequest, raw: bytes | None, prio: int) -> int:
+        """The priority of a request of a tier with ``client_priority``, whose
+        ``x-shuniu-priority`` header is ``raw``, and whose tier's priority is ``prio``."""
         asked: int | None = None
-        raw = req.header(_PRIORITY_HEADER)
         if raw is not None:
             try:
                 asked = int(raw)
@@ -843,6 +854,7 @@ class PriorityScheduler(Scheduler):
                     break
                 continue
             self._take(waiter, from_heap, now)
+            ticket.tag = waiter.tier
             waiter.tier.in_flight += 1
             self._slots += 1
             waiter.future.set_result(ticket)
