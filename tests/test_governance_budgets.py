@@ -83,6 +83,20 @@ async def test_a_key_budget_runs_out_and_says_when_it_resets() -> None:
     assert await budgets.reserve(_req(key, max_tokens=300), "chat") is not None  # 480 + 400 <= 1000
 
 
+async def test_a_warning_names_its_key_without_any_line_break() -> None:
+    # A key named with a line break (keys are named through the admin API) cannot end the
+    # header early: the request path vouches that its headers hold no CR or LF.
+    budgets = Budgets(GOV, MemoryCounters(), _prices(), 256)
+    key = Principal(
+        tenant="solo", key_id="a\r\nset-cookie: x", budgets=(Budget(period="day", tokens=100, soft=0.1),)
+    )
+    hold = await budgets.reserve(_req(key, prompt=10, max_tokens=10), "chat")
+    assert hold is not None
+    [(name, value)] = hold.headers
+    assert name == b"x-shuniu-budget-warning" and value.startswith(b'key="aset-cookie: x"; period=day')
+    assert b"\r" not in value and b"\n" not in value
+
+
 async def test_tenant_and_project_budgets_apply_to_every_key_and_money_comes_from_prices() -> None:
     budgets = Budgets(GOV, MemoryCounters(), _prices(), 256)
     a = Principal(tenant="acme", key_id="a", project="search")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from shuniu.core.config import GatewayConfig
+from shuniu.core.http.asgi import LENGTH_KEY, header_value, send_json
 from shuniu.core.http.protocol import DISCONNECT_EXTENSION, gateway_protocol
 from tests.conftest import GatewayProcess, start_gateway
 
@@ -253,6 +254,79 @@ async def test_framing_headers_are_found_in_any_case_and_never_inside_a_value() 
     assert write.endswith(b"\r\n\r\nhello") and b"\r\ntransfer-encoding" not in write.lower()
     assert write.lower().count(b"connection: close") == 1
     assert transport.closed  # the app's "Connection: close"
+
+
+def vouched(body: bytes, length: int, chunks: int = 1) -> App:
+    """Answers ``body`` (in ``chunks`` parts) with a start message that vouches for its
+    headers, as the request path's own responses do."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", b"r-1")]
+        if length >= 0:
+            headers.insert(1, (b"content-length", b"%d" % length))
+        await send({"type": "http.response.start", "status": 200, "headers": headers, LENGTH_KEY: length})
+        step = max(1, len(body) // chunks)
+        for at in range(0, len(body), step):
+            await send({"type": "http.response.body", "body": body[at : at + step], "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+async def test_a_vouched_head_is_written_as_given_and_framed_by_its_length() -> None:
+    proto, transport, state = connect(vouched(b"hello", 5))
+    state.default_headers = [(b"server", b"shuniu")]
+    proto.data_received(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    await settle(state)
+    assert b"".join(transport.writes) == (
+        b"HTTP/1.1 200 OK\r\nserver: shuniu\r\ncontent-type: application/json\r\n"
+        b"content-length: 5\r\nx-request-id: r-1\r\n\r\nhello"
+    )
+    assert not transport.closed
+
+
+async def test_a_vouched_stream_is_chunked_and_http_1_0_is_closed() -> None:
+    proto, transport, state = connect(vouched(b"data: 1\n\ndata: 2\n\n", -1, chunks=2))
+    proto.data_received(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    await settle(state)
+    [(status, headers, body)] = responses(b"".join(transport.writes))
+    assert status == b"HTTP/1.1 200 OK" and headers[b"transfer-encoding"] == b"chunked"
+    assert body == b"data: 1\n\ndata: 2\n\n" and b"connection" not in headers
+    # HTTP/1.0 cannot keep the connection: the vouched head says so, and it is closed.
+    proto, transport, state = connect(vouched(b"hello", 5))
+    proto.data_received(b"GET / HTTP/1.0\r\n\r\n")
+    await settle(state)
+    [(status, headers, body)] = responses(b"".join(transport.writes))
+    assert headers[b"connection"] == b"close" and body == b"hello" and transport.closed
+
+
+async def test_a_vouched_head_of_a_head_request_has_no_body() -> None:
+    proto, transport, state = connect(vouched(b"hello", 5))
+    proto.data_received(b"HEAD / HTTP/1.1\r\nhost: t\r\n\r\n")
+    await settle(state)
+    [write] = transport.writes
+    assert write.endswith(b"x-request-id: r-1\r\n\r\n") and b"hello" not in write
+
+
+async def test_only_the_gateways_own_json_responses_are_vouched_for() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await send_json(
+        send, 200, b"{}", "r-1", raw_headers=[(b"x-ratelimit-remaining-requests", b"9")], own=True
+    )
+    assert sent[0][LENGTH_KEY] == 2
+    # An error's headers may be a plugin's: never vouched for, so the protocol checks them.
+    await send_json(send, 429, b"{}", "r-1", {"retry-after": "1"}, own=True)
+    await send_json(send, 200, b"{}", "r-1")
+    assert LENGTH_KEY not in sent[2] and LENGTH_KEY not in sent[4]
+
+
+def test_header_values_made_from_names_lose_their_line_breaks() -> None:
+    assert header_value("model=chat") == b"model=chat"
+    assert header_value("model=a\r\nset-cookie: x\n") == b"model=aset-cookie: x"
 
 
 async def test_an_app_that_fails_before_answering_gets_a_500_not_a_traceback() -> None:

@@ -24,6 +24,7 @@ from shuniu.core.config import BudgetConfig, GovernanceConfig
 from shuniu.core.errors import GatewayError
 from shuniu.core.governance.counters import Counters
 from shuniu.core.governance.prices import Prices
+from shuniu.core.http.asgi import header_value
 from shuniu.core.types import Budget, InferenceRequest, Principal
 
 __all__ = ["BudgetHold", "Budgets", "budget_of", "window"]
@@ -188,7 +189,7 @@ class Budgets:
             limit = entries[i][2]
             used = values[i] + entries[i][1]
             if used >= line.budget.soft * limit:
-                headers.append((b"x-shuniu-budget-warning", self._warn(line, used, limit, now).encode()))
+                headers.append((b"x-shuniu-budget-warning", header_value(self._warn(line, used, limit, now))))
         return BudgetHold(booked, tokens, micros, model, headers)
 
     def settle(self, hold: BudgetHold, tokens: int, cost: float) -> None:

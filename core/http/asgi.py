@@ -9,11 +9,13 @@ from typing import Any
 from shuniu.core.errors import GatewayError, bad_request, payload_too_large
 
 __all__ = [
+    "LENGTH_KEY",
     "Receive",
     "Scope",
     "Send",
     "header",
     "header_map",
+    "header_value",
     "new_request_id",
     "read_body",
     "request_id_from",
@@ -28,6 +30,24 @@ Send = Callable[[Message], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
 _MAX_ID = 128
+
+LENGTH_KEY = "shuniu.length"
+"""Key of an ``http.response.start`` message by which the gateway vouches for its headers:
+every name lowercase, none ``transfer-encoding`` or ``connection``, no CR or LF in any name
+or value; its value is the body's length in bytes (its ``content-length`` header says the
+same), or ``-1`` for a body of unknown length (sent chunked). The head is then written as it
+is, without the scans that guard other applications' headers. Other servers ignore the key;
+a message without it is checked in full."""
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as the value of a response header that the request path writes from names it
+    was given (a model's, a tenant's), with any CR and LF left out: the path vouches that its
+    headers hold none (:data:`LENGTH_KEY`)."""
+    value = text.encode()
+    if b"\r" in value or b"\n" in value:
+        value = value.replace(b"\r", b"").replace(b"\n", b"")
+    return value
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -105,8 +125,12 @@ async def send_json(
     request_id: str,
     extra_headers: dict[str, str] | None = None,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
+    own: bool = False,
 ) -> None:
-    """A whole JSON response. ``raw_headers`` are added as they are (already encoded)."""
+    """A whole JSON response. ``raw_headers`` are added as they are (already encoded).
+    ``own``: every header is the gateway's own (constants, numbers, the request id; not a
+    plugin's error headers), so the start message vouches for them (``shuniu.length``:
+    shuniu's HTTP protocol then writes them without scanning them)."""
     headers = [
         _JSON,
         (b"content-length", str(len(body)).encode()),
@@ -116,7 +140,10 @@ async def send_json(
         headers.extend((k.encode(), v.encode()) for k, v in extra_headers.items())
     if raw_headers:
         headers.extend(raw_headers)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    start: dict[str, object] = {"type": "http.response.start", "status": status, "headers": headers}
+    if own and not extra_headers:
+        start[LENGTH_KEY] = len(body)
+    await send(start)
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -15,6 +15,10 @@ second task blocked in ``receive()``, cancelled at the end of every request. Her
   time it started;
 - ``receive()`` returns at once when the body is already here (the usual case: a small
   request body arrives with its headers);
+- **a vouched head**: the gateway's own responses (their headers are constants, numbers and
+  the sanitised request id) say so, with their body's length, in the start message
+  (:data:`LENGTH_KEY`), and their head is written without the scans that guard an
+  application's headers (a CR or LF inside a value, the framing headers found by name);
 - **a disconnect callback** (ASGI extension ``shuniu.disconnect`` in the scope: a function
   that takes a callable and returns one that cancels the registration), so the request
   path watches its client without a task.
@@ -52,6 +56,7 @@ from uvicorn.protocols.utils import get_local_addr, get_remote_addr
 
 from shuniu.core.config import GatewayConfig
 from shuniu.core.errors import GatewayError
+from shuniu.core.http.asgi import LENGTH_KEY
 
 __all__ = ["DISCONNECT_EXTENSION", "GatewayProtocol", "gateway_protocol"]
 
@@ -72,6 +77,11 @@ _JOIN_HEADER = b": ".join
 """``name: value`` of one header (mapped over a response's headers: no comprehension's frame
 and no method look-up per header)."""
 _DISCONNECT = {"type": "http.disconnect"}
+# The ends of a vouched head (after its last header's value).
+_END_HEAD = b"\r\n\r\n"
+_CLOSE_HEAD = b"\r\nconnection: close\r\n\r\n"
+_CHUNKED_HEAD = b"\r\ntransfer-encoding: chunked\r\n\r\n"
+_CHUNKED_CLOSE_HEAD = b"\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n"
 
 # Phases of a connection, for the guards.
 _IDLE = 0  # between requests on a kept-alive connection (keep_alive_s)
@@ -175,7 +185,12 @@ class _Cycle:
         if not self.started:
             if kind != "http.response.start":
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
-            self._start(message["status"], message.get("headers", ()))
+            headers = message.get("headers", ())
+            length = message.get(LENGTH_KEY)
+            if length is None or self.head_only or not headers:
+                self._start(message["status"], headers)
+            else:
+                self._start_vouched(message["status"], headers, length)
             self.started = True
             self.expect_100 = False
             return
@@ -245,6 +260,19 @@ class _Cycle:
             self.chunked = True
         parts.append(b"\r\n")
         self.head = b"".join(parts)
+
+    def _start_vouched(self, status: int, headers: Any, length: int) -> None:
+        """:meth:`_start` for headers the gateway vouches for (see :data:`LENGTH_KEY`):
+        one join, no scan."""
+        defaults = self.conn.server_state.default_headers
+        block = b"\r\n".join(map(_JOIN_HEADER, [*defaults, *headers] if defaults else headers))
+        if length >= 0:
+            self.remaining = length
+            tail = _END_HEAD if self.keep_alive else _CLOSE_HEAD
+        else:
+            self.chunked = True
+            tail = _CHUNKED_HEAD if self.keep_alive else _CHUNKED_CLOSE_HEAD
+        self.head = b"".join((_status_line(status), block, tail))
 
     def watch(self, callback: Callable[[], Any]) -> Callable[[], None]:
         """The ``shuniu.disconnect`` extension (see :data:`DISCONNECT_EXTENSION`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from shuniu.core.http.asgi import Send, send_json
+from shuniu.core.http.asgi import LENGTH_KEY, Send, send_json
 from shuniu.core.pipeline.delivery import SSE_HEADERS
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pipeline.response_cache import Filler, ResponseCache
@@ -60,11 +60,12 @@ async def lookup(
                 "type": "http.response.start",
                 "status": 200,
                 "headers": [*SSE_HEADERS, (b"x-request-id", req.id.encode()), *headers],
+                LENGTH_KEY: -1,  # the request path's own headers (see send_json's ``own``)
             }
         )
         await send({"type": "http.response.body", "body": cache.as_sse(req, answer), "more_body": False})
     else:
-        await send_json(send, 200, cache.as_json(req, answer), req.id, raw_headers=headers)
+        await send_json(send, 200, cache.as_json(req, answer), req.id, raw_headers=headers, own=True)
     return None, None, HIT
 
 

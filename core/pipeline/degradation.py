@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from shuniu.core.config import DegradeConfig
 from shuniu.core.errors import GatewayError
+from shuniu.core.http.asgi import header_value
 from shuniu.core.pools.pool import Pool
 from shuniu.core.tenancy.tenancy import Tier
 from shuniu.core.types import InferenceRequest, RequestRecord
@@ -126,4 +127,4 @@ def degrade(
         monitor.count(pool.name, tier.name, "route")
         pool = pools[cfg.route_to]
         done.append(f"model={cfg.route_to}")
-    return pool, ",".join(done).encode() if done else b"none"
+    return pool, header_value(",".join(done)) if done else b"none"

@@ -14,7 +14,7 @@ import asyncio
 from shuniu.core.api.wire import wire_of
 from shuniu.core.config import TimeoutsConfig
 from shuniu.core.errors import PROTOCOL_ERROR, GatewayError
-from shuniu.core.http.asgi import Send, send_json
+from shuniu.core.http.asgi import LENGTH_KEY, Send, send_json
 from shuniu.core.pipeline.attempts import Attempts, Opened, backend_failure, close_stream
 from shuniu.core.pipeline.recording import Progress
 from shuniu.core.pipeline.response_cache import Filler
@@ -60,7 +60,7 @@ async def send_completion(
     progress.finish_reason = result.finish_reason
     if filler is not None:
         filler.completion(result)
-    await send_json(send, 200, wire_of(req).completion(req, result), req.id, raw_headers=extra)
+    await send_json(send, 200, wire_of(req).completion(req, result), req.id, raw_headers=extra, own=True)
 
 
 async def send_stream(
@@ -93,6 +93,7 @@ async def send_stream(
                 "type": "http.response.start",
                 "status": 200,
                 "headers": [*SSE_HEADERS, (b"x-request-id", req.id.encode()), *extra],
+                LENGTH_KEY: -1,  # the request path's own headers (see send_json's ``own``)
             }
         )
         # Chunks that arrived together leave in one write: a stream that says the next chunk

@@ -165,7 +165,7 @@ class RequestPath:
         except GatewayError as err:
             await send_error(send, err, request_id, render=wire.error)
             return
-        await send_json(send, 200, b'{"input_tokens":%d}' % req.prompt_tokens, request_id)
+        await send_json(send, 200, b'{"input_tokens":%d}' % req.prompt_tokens, request_id, own=True)
 
     async def _serve(
         self,

@@ -54,7 +54,7 @@ async def send_pooled(
     body = wire_of(req).completion(req, result)
     if filler is not None:
         filler.pooled(body, result.prompt_tokens)
-    await send_json(send, 200, body, req.id, raw_headers=extra)
+    await send_json(send, 200, body, req.id, raw_headers=extra, own=True)
 
 
 async def _part(
