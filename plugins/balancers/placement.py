@@ -262,6 +262,6 @@ class Affinity:
             self.new,
         )
         self.turn += 1
-        if chosen is not None:
+        if chosen is not None and hashes:  # (a prompt shorter than a block: nothing to record)
             self.index.record(hashes, chosen)
         return chosen
