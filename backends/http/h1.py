@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
+from shuniu.core.running_loop import running_loop
 from shuniu.core.timers import COARSE_FROM_S, TimerWheel
 
 __all__ = ["H1Pool", "H1Response"]
@@ -184,6 +185,7 @@ class _Connection(asyncio.Protocol):
         "framed",
         "head",
         "idle_since",
+        "loop",
         "parser",
         "paused",
         "pool",
@@ -191,8 +193,10 @@ class _Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, pool: H1Pool) -> None:
+    def __init__(self, pool: H1Pool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
+        self.loop = loop
+        """The loop it was opened on (its only one)."""
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: H1Response | None = None
@@ -330,7 +334,7 @@ class H1Pool:
         """POST ``data`` to ``url`` (on this pool's server); the response once its head
         arrived. Raises ``OSError`` (cannot connect), ``TimeoutError`` (connect or total
         time), ``aiohttp.ServerDisconnectedError`` (closed before answering)."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         conn = await self._acquire(loop)
         resp = H1Response(conn)
         conn.response = resp
@@ -404,7 +408,7 @@ class H1Pool:
                 return got
             # None: a connection closed, and this request may open one in its place.
         self._open += 1
-        conn = _Connection(self)
+        conn = _Connection(self, loop)
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 await loop.create_connection(lambda: conn, self._host, self._port)
@@ -433,7 +437,7 @@ class H1Pool:
             conn.close()
             return
         if not self._hand_on(conn):
-            conn.idle_since = asyncio.get_running_loop().time()
+            conn.idle_since = conn.loop.time()
             self._idle.append(conn)
 
     def _lost(self, conn: _Connection) -> None:

@@ -26,14 +26,15 @@ class Disconnect:
         self.handler: asyncio.Task[Any] | None = None
         self.forget: Any = None
 
-    def start(self, scope: Scope, receive: Receive) -> None:
+    def start(self, scope: Scope, receive: Receive, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch the client of the request being handled on ``loop`` (the running loop)."""
         extensions = scope.get("extensions")
         watch = extensions.get(DISCONNECT_EXTENSION) if extensions else None
         if watch is not None:
-            self.handler = asyncio.current_task()
+            self.handler = asyncio.current_task(loop)
             self.forget = watch(self._gone)
             return
-        self.task = asyncio.get_running_loop().create_task(self._watch(receive, asyncio.current_task()))
+        self.task = loop.create_task(self._watch(receive, asyncio.current_task(loop)))
 
     def _gone(self) -> None:
         handler, self.handler = self.handler, None

@@ -50,6 +50,7 @@ from shuniu.core.pipeline.pooling import send_pooled
 from shuniu.core.pipeline.recording import Progress, Recorder
 from shuniu.core.pipeline.response_cache import Filler
 from shuniu.core.pools.pool import Pool
+from shuniu.core.running_loop import running_loop
 from shuniu.core.state import GatewayState
 from shuniu.core.tenancy.tenancy import Admission, Tier
 from shuniu.core.tokenization.counter import recount
@@ -80,7 +81,7 @@ class RequestPath:
         # cost more than the map once, with a client's dozen headers or with three).
         by_name = header_map(headers)
         request_id = request_id_from(by_name.get(b"x-request-id"))
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         if scope["method"] != "POST":
             err = method_not_allowed(scope["method"], scope["path"])
             await send_error(send, err, request_id, render=wire.error)
@@ -154,7 +155,7 @@ class RequestPath:
             if headers:
                 self.intake.check_headers(headers)
             principal = identity.authenticate(state.tenancy, headers, None)
-            now = asyncio.get_running_loop().time()
+            now = running_loop().time()
             req = await self.intake.read("chat", wire, scope, receive, request_id, now)
             if principal is not None:
                 req.principal = principal
@@ -183,7 +184,7 @@ class RequestPath:
         tenancy = self.state.tenancy
         trace = progress.trace
         watch = Disconnect()
-        watch.start(scope, receive)
+        watch.start(scope, receive, loop)
         admission: Admission | None = None
         hold: BudgetHold | None = None
         governance = self.state.governance

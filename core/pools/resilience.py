@@ -151,7 +151,7 @@ class Watchdog:
         self.loop = loop
         self.idle_s = idle_s
         self.deadline = deadline
-        self.task = asyncio.current_task()
+        self.task = asyncio.current_task(loop)
         self.last = loop.time()
         self.fired: str | None = None
         self.handle: asyncio.TimerHandle | None = None
@@ -226,8 +226,9 @@ class DeadlineWheel:
         return self.wheel.loop
 
     def arm(self, when: float) -> Deadline:
-        """A deadline at ``when`` (the loop's clock) for the current task."""
-        deadline = Deadline(asyncio.current_task())
+        """A deadline at ``when`` (the loop's clock) for the current task, which runs on
+        this wheel's loop (a wheel serves one loop: the caller makes one per loop)."""
+        deadline = Deadline(asyncio.current_task(self.wheel.loop))
         self.wheel.arm(deadline, when)
         return deadline
 

@@ -12,6 +12,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
+from shuniu.core.running_loop import running_loop
 from shuniu.core.timers import cancel_at, timed_out
 from shuniu.core.types import InferenceRequest, Outcome
 
@@ -47,7 +48,7 @@ class FifoScheduler(Scheduler):
         return len(self._queue)
 
     async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         if not self._queue:
             ticket = pool.try_dispatch(req, loop.time())
             if ticket is not None:

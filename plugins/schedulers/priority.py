@@ -35,6 +35,7 @@ from shuniu.core import hookimpl
 from shuniu.core.config import Options
 from shuniu.core.contracts import PoolView, RegisterScheduler, Scheduler, Ticket
 from shuniu.core.errors import GatewayError, no_healthy_endpoint
+from shuniu.core.running_loop import running_loop
 from shuniu.core.timers import cancel_at, timed_out
 from shuniu.core.types import InferenceRequest, Outcome
 
@@ -347,7 +348,7 @@ class PriorityScheduler(Scheduler):
     # -- admission -------------------------------------------------------------------------
 
     async def admit(self, req: InferenceRequest, pool: PoolView) -> Ticket:
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         now = loop.time()
         tier = self._tiers.get(req.principal.tier, self._default)
         prio = tier.priority
