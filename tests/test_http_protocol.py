@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shuniu.core.config import GatewayConfig
-from shuniu.core.http.asgi import LENGTH_KEY, header_value, send_json
+from shuniu.core.http.asgi import LENGTH_KEY, header_value, request_id_from, send_json
 from shuniu.core.http.protocol import DISCONNECT_EXTENSION, gateway_protocol
 from tests.conftest import GatewayProcess, start_gateway
 
@@ -322,6 +322,15 @@ async def test_only_the_gateways_own_json_responses_are_vouched_for() -> None:
     await send_json(send, 429, b"{}", "r-1", {"retry-after": "1"}, own=True)
     await send_json(send, 200, b"{}", "r-1")
     assert LENGTH_KEY not in sent[2] and LENGTH_KEY not in sent[4]
+
+
+def test_a_client_request_id_is_echoed_only_when_it_is_printable_ascii_without_spaces() -> None:
+    # The vouched head writes the request id as it is: anything that could break a header
+    # line (or is not plain ASCII) gets a fresh id instead.
+    assert request_id_from(b"abc-123") == "abc-123"
+    for bad in (b"a\r\nset-cookie: x", b"a\nb", b"a b", b"caf\xc3\xa9", b"", b"x" * 129, b"a\x00b"):
+        fresh = request_id_from(bad)
+        assert fresh != bad.decode("latin-1") and fresh.isascii() and fresh.isprintable() and " " not in fresh
 
 
 def test_header_values_made_from_names_lose_their_line_breaks() -> None:
