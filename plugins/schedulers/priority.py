@@ -353,9 +353,8 @@ class PriorityScheduler(Scheduler):
         tier = self._tiers.get(req.principal.tier, self._default)
         prio = tier.priority
         if tier.client_priority:
-            by_name = req.header_map
-            raw = req.header(_PRIORITY_HEADER) if by_name is None else by_name.get(_PRIORITY_HEADER)
-            # Most requests ask for nothing: the tier's priority, without a call.
+            raw = req.header(_PRIORITY_HEADER)
+            # Most requests ask for nothing: the tier's priority, without parsing a thing.
             if raw is not None or req.priority != 0 or "priority" in req.body:
                 prio = self._asked_priority(req, raw, prio)
         req.priority = prio
