@@ -164,6 +164,9 @@ class Gateway:
         )
         batch_store = _batch_store(resolved, self.state) if not virtual_time else None
         self._virtual_time = virtual_time
+        self._gc_young = gw.gc_young_threshold
+        self._gc_saved: tuple[int, int, int] | None = None
+        """The collector's thresholds before start() changed them, for stop()."""
         self._app_parts = (list(extra_routes), peers, batch_store)
         self._app: Dispatch | None = None
         if not virtual_time:
@@ -288,6 +291,14 @@ class Gateway:
         if not self._virtual_time:
             gc.collect()
         gc.freeze()
+        # Fewer, larger young collections while serving (gateway.gc_young_threshold; the
+        # simulator sets its own on the virtual clock). Undone at stop().
+        young = self._gc_young
+        if young is not None and not self._virtual_time and self._gc_saved is None:
+            self._gc_saved = gc.get_threshold()
+            gc.set_threshold(young, *self._gc_saved[1:])
+        if self.metrics is not None:
+            self.metrics.gc.start()
         state.started = True
 
     async def stop(self) -> None:
@@ -334,6 +345,11 @@ class Gateway:
         # Undo start()'s gc.freeze() so a stopped gateway can be collected (a capacity plan
         # builds and stops many in one process).
         gc.unfreeze()
+        if self._gc_saved is not None:
+            gc.set_threshold(*self._gc_saved)
+            self._gc_saved = None
+        if self.metrics is not None:
+            self.metrics.gc.stop()
         for r in results:
             if isinstance(r, BaseException):
                 log.warning("a backend or engine failed to stop cleanly: %r", r)

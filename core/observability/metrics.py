@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from shuniu.core.observability.gc_pauses import GcPauses
 from shuniu.core.observability.hardware import HardwareReadings
 from shuniu.core.state import StateView, shared_stores
 from shuniu.core.types import RequestRecord
@@ -223,6 +224,9 @@ class GatewayMetrics:
         )
         self.registry.register(_RequestCollector(self))
         self.registry.register(_LiveCollector(view, hardware, fleet, discoveries))
+        self.gc = GcPauses()
+        """The collector's pauses (``shuniu_gc_*``); watched between the gateway's start and stop."""
+        self.registry.register(self.gc)
         self._status: dict[int, str] = {}
 
     def observe(self, record: RequestRecord) -> None:
