@@ -32,6 +32,10 @@ COMPILED_PATHS = (
     # Prefix-aware placement: a prompt's block hashes and the prefix balancers' cost model.
     "core/pools/prefix.py",
     "plugins/balancers/placement.py",
+    # The HTTP/1.1 server side: parsing callbacks, the response head, the guards.
+    "core/http/protocol.py",
+    # The engine calls' HTTP/1.1 client.
+    "backends/http/h1.py",
 )
 """The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
 

@@ -62,6 +62,16 @@ ROUTING_TESTS = [
 """The prefix balancers' tests, run again with their block hashes and placement compiled (the
 simulator's summaries above place requests with both balancers too)."""
 
+HTTP_TESTS = [
+    "tests/test_http_protocol.py",
+    "tests/test_http_layer.py",
+    "tests/test_slow_clients.py",
+    "tests/test_stream_coalescing.py",
+    "tests/test_h1_client.py",
+]
+"""The tests of the HTTP/1.1 server protocol and the engine calls' client, run again with both
+compiled (the gateway processes they start import the compiled build too)."""
+
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -168,4 +178,9 @@ def test_the_tenancy_tests_pass_compiled(compiled_site: Path) -> None:
 
 def test_the_routing_tests_pass_compiled(compiled_site: Path) -> None:
     run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *ROUTING_TESTS)
+    assert run.returncode == 0, run.stdout[-4000:]
+
+
+def test_the_http_tests_pass_compiled(compiled_site: Path) -> None:
+    run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *HTTP_TESTS)
     assert run.returncode == 0, run.stdout[-4000:]

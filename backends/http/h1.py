@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -135,7 +135,7 @@ class H1Response:
                 raise self._error
             if self._done:
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._conn.loop.create_future()  # its connection's loop: the running one
             await self._waiter
         blocks = self._blocks
         data = blocks.popleft() if len(blocks) == 1 else b"".join(blocks)
@@ -145,10 +145,9 @@ class H1Response:
         self._size = 0
         return data
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    def iter_any(self) -> _Blocks:
         """The body's blocks as they arrive."""
-        while block := await self.readany():
-            yield block
+        return _Blocks(self)
 
     async def read(self) -> bytes:
         """The rest of the body."""
@@ -175,6 +174,25 @@ class H1Response:
         if self._conn.response is self:
             self._conn.response = None
         self._conn.close()
+
+
+class _Blocks:
+    """:meth:`H1Response.iter_any`: an iterator class rather than an async generator, which
+    the compiled build cannot compile."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: H1Response) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _Blocks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        block = await self._response.readany()
+        if not block:
+            raise StopAsyncIteration
+        return block
 
 
 class _Connection(asyncio.Protocol):

@@ -48,6 +48,7 @@ import http
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -377,17 +378,38 @@ class _Sweeper:
             self.handle = self.loop.call_later(self.interval, self.sweep)
 
 
-class GatewayProtocol(asyncio.Protocol):
-    """One client connection (limits set by the subclass :func:`gateway_protocol` makes)."""
+class _Limits:
+    """One server's guards (``gateway.*``) and its sweeper, shared by its connections."""
 
-    header_timeout_s = 10.0
-    body_timeout_s = 30.0
-    max_header_bytes = 32 * 1024
-    max_connections = 4096
-    sweep_s = 1.0
-    _sweeper: _Sweeper | None = None
-    """One per server (the subclass :func:`gateway_protocol` makes), made by the first
-    connection."""
+    __slots__ = (
+        "body_timeout_s",
+        "header_timeout_s",
+        "max_connections",
+        "max_header_bytes",
+        "sweep_s",
+        "sweeper",
+    )
+
+    def __init__(
+        self,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 30.0,
+        max_header_bytes: int = 32 * 1024,
+        max_connections: int = 4096,
+        sweep_s: float = 1.0,
+    ) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_header_bytes = max_header_bytes
+        self.max_connections = max_connections
+        self.sweep_s = sweep_s
+        self.sweeper: _Sweeper | None = None
+        """Made by the server's first connection."""
+
+
+class GatewayProtocol(asyncio.Protocol):
+    """One client connection, with its server's limits (:func:`gateway_protocol` makes the
+    factory that uvicorn's server calls)."""
 
     def __init__(
         self,
@@ -395,8 +417,14 @@ class GatewayProtocol(asyncio.Protocol):
         server_state: Any,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
+        limits: _Limits | None = None,
     ) -> None:
         self.loop = _loop or asyncio.get_event_loop()
+        self.limits = limits = limits if limits is not None else _Limits()
+        # Read on every request's bytes: copied from the server's limits.
+        self.header_timeout_s = limits.header_timeout_s
+        self.body_timeout_s = limits.body_timeout_s
+        self.max_header_bytes = limits.max_header_bytes
         self.app = config.loaded_app
         self.root_path: str = config.root_path
         self.keep_alive_s: float = config.timeout_keep_alive
@@ -431,16 +459,17 @@ class GatewayProtocol(asyncio.Protocol):
         self.server = get_local_addr(self.transport)
         self.client = get_remote_addr(self.transport)
         self.since = self.loop.time()
-        sweeper = type(self)._sweeper
+        limits = self.limits
+        sweeper = limits.sweeper
         if sweeper is None or sweeper.loop is not self.loop:
-            sweeper = type(self)._sweeper = _Sweeper(self.loop, self.sweep_s)
+            sweeper = limits.sweeper = _Sweeper(self.loop, limits.sweep_s)
         sweeper.add(self)
-        if len(self.connections) > self.max_connections:
+        if len(self.connections) > limits.max_connections:
             self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
-        sweeper = type(self)._sweeper
+        sweeper = self.limits.sweeper
         if sweeper is not None:
             sweeper.conns.discard(self)
         for cycle in (self.cycle, *self.pipeline):
@@ -547,8 +576,15 @@ class GatewayProtocol(asyncio.Protocol):
         parser = self.parser
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii")
-        url = httptools.parse_url(self.url)
-        raw_path = url.path
+        url = self.url
+        query = b""
+        if url[:1] != b"/" or b"?" in url or b"#" in url:
+            # Not a bare path (a query, a fragment, the absolute form): parsed in full. Any:
+            # httptools' stubs say bytes where it returns None for a part that is absent.
+            parsed: Any = httptools.parse_url(url)
+            url = parsed.path or b"/"
+            query = parsed.query or b""
+        raw_path = url
         path = raw_path.decode("ascii")
         if "%" in path:
             path = unquote(path)
@@ -563,7 +599,7 @@ class GatewayProtocol(asyncio.Protocol):
             "root_path": self.root_path,
             "path": self.root_path + path if self.root_path else path,
             "raw_path": self.root_path.encode("ascii") + raw_path if self.root_path else raw_path,
-            "query_string": url.query or b"",
+            "query_string": query,
             "headers": self.headers,
             "state": self.app_state.copy(),
         }
@@ -677,17 +713,16 @@ class GatewayProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-def gateway_protocol(cfg: GatewayConfig) -> type[GatewayProtocol]:
-    """The HTTP protocol class for uvicorn's server, with ``cfg``'s limits."""
+def gateway_protocol(cfg: GatewayConfig) -> Callable[..., GatewayProtocol]:
+    """The HTTP protocol factory for uvicorn's server (it calls it as it would a protocol
+    class), with ``cfg``'s limits. A factory, not a subclass per server: the compiled build
+    compiles this module, and an interpreted class cannot subclass a compiled one."""
     shortest = min(cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_s)
-    return type(
-        "GatewayHttpProtocol",
-        (GatewayProtocol,),
-        {
-            "header_timeout_s": cfg.header_timeout_s,
-            "body_timeout_s": cfg.body_timeout_s,
-            "max_header_bytes": cfg.max_header_bytes,
-            "max_connections": cfg.max_connections,
-            "sweep_s": min(1.0, max(0.05, shortest / 4)),
-        },
+    limits = _Limits(
+        header_timeout_s=cfg.header_timeout_s,
+        body_timeout_s=cfg.body_timeout_s,
+        max_header_bytes=cfg.max_header_bytes,
+        max_connections=cfg.max_connections,
+        sweep_s=min(1.0, max(0.05, shortest / 4)),
     )
+    return partial(GatewayProtocol, limits=limits)
