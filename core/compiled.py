@@ -36,6 +36,19 @@ COMPILED_PATHS = (
     "core/http/protocol.py",
     # The engine calls' HTTP/1.1 client.
     "backends/http/h1.py",
+    # The request path's own steps (closed: plugins are called from them, never subclass
+    # them): the ASGI helpers, intake, routing, attempts and delivery, the disconnect watch,
+    # the deadlines and timer wheels, the record of a finished request.
+    "core/http/asgi.py",
+    "core/pipeline/path.py",
+    "core/pipeline/attempts.py",
+    "core/pipeline/disconnect.py",
+    "core/pipeline/routing.py",
+    "core/pools/resilience.py",
+    "core/pipeline/delivery.py",
+    "core/pipeline/intake.py",
+    "core/pipeline/recording.py",
+    "core/timers.py",
 )
 """The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
 

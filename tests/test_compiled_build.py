@@ -72,6 +72,23 @@ HTTP_TESTS = [
 """The tests of the HTTP/1.1 server protocol and the engine calls' client, run again with both
 compiled (the gateway processes they start import the compiled build too)."""
 
+PATH_TESTS = [
+    "tests/test_e2e_openai.py",
+    "tests/test_openai_api.py",
+    "tests/test_anthropic_api.py",
+    "tests/test_resilience_e2e.py",
+    "tests/test_deadline_wheel.py",
+    "tests/test_response_cache.py",
+    "tests/test_passthrough.py",
+    "tests/test_intake.py",
+    "tests/test_metrics.py",
+    "tests/test_scheduling_e2e.py",
+    "tests/test_usage_details.py",
+    "tests/test_running_loop.py",
+]
+"""The request path's tests (intake, routing, attempts and retries, delivery, deadlines,
+the record of each request), run again with its steps compiled."""
+
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -183,4 +200,9 @@ def test_the_routing_tests_pass_compiled(compiled_site: Path) -> None:
 
 def test_the_http_tests_pass_compiled(compiled_site: Path) -> None:
     run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *HTTP_TESTS)
+    assert run.returncode == 0, run.stdout[-4000:]
+
+
+def test_the_request_path_tests_pass_compiled(compiled_site: Path) -> None:
+    run = _run_on(compiled_site, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *PATH_TESTS)
     assert run.returncode == 0, run.stdout[-4000:]

@@ -62,8 +62,13 @@ class PoolView(Protocol):
 
     name: str
     """The model's own name."""
-    endpoints: Sequence[EndpointView]
-    """Every endpoint, healthy or not (a new list when one joins or leaves)."""
+
+    @property
+    def endpoints(self) -> Sequence[EndpointView]:
+        """Every endpoint, healthy or not (a new list when one joins or leaves); read-only
+        here (a pool's own list of its endpoint states is one)."""
+        ...
+
     dispatched: int
     """Requests given a slot since start (for drain-rate estimates)."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from shuniu.core.api.wire import wire_of
@@ -99,6 +99,7 @@ class Attempts:
             backend = endpoint.backend
             gen: AsyncIterator[Chunk] | None = None
             err: GatewayError | None = None
+            call: Awaitable[Any]
             try:
                 limit = first_token_limit(res, req, loop)
                 if streamed:
