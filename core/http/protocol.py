@@ -421,9 +421,7 @@ class GatewayProtocol(asyncio.Protocol):
     ) -> None:
         self.loop = _loop or asyncio.get_event_loop()
         self.limits = limits = limits if limits is not None else _Limits()
-        # Read on every request's bytes: copied from the server's limits.
-        self.header_timeout_s = limits.header_timeout_s
-        self.body_timeout_s = limits.body_timeout_s
+        # Read on every request's bytes (data_received): copied from the server's limits.
         self.max_header_bytes = limits.max_header_bytes
         self.app = config.loaded_app
         self.root_path: str = config.root_path
@@ -518,12 +516,12 @@ class GatewayProtocol(asyncio.Protocol):
         """The sweep: enforce the timeout of the phase this connection is in."""
         phase = self.phase
         if phase == _HEADERS:
-            if now - self.since > self.header_timeout_s and not self.transport.is_closing():
+            if now - self.since > self.limits.header_timeout_s and not self.transport.is_closing():
                 self._refuse(408, "The request headers did not arrive in time.", "header_timeout")
         elif phase == _IDLE:
             if now - self.since > self.keep_alive_s:
                 self.transport.close()
-        elif phase == _BODY and not self.read_paused and now - self.since > self.body_timeout_s:
+        elif phase == _BODY and not self.read_paused and now - self.since > self.limits.body_timeout_s:
             # (Paused: the gateway stopped reading, having enough buffered; not the client's fault.)
             self.transport.close()
 
