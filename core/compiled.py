@@ -49,6 +49,8 @@ COMPILED_PATHS = (
     "core/pipeline/intake.py",
     "core/pipeline/recording.py",
     "core/timers.py",
+    # The prompt's token estimate, of ASCII text (the regular expressions' count, in one pass).
+    "core/token_scan.py",
 )
 """The compiled modules, as paths in the source tree (each is imported as ``shuniu.<path>``)."""
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 
+from shuniu.core import token_scan
+
 __all__ = [
     "DIGITS_PER_TOKEN",
     "LETTERS_PER_TOKEN",
@@ -82,6 +84,9 @@ _TOKEN_ASCII = re.compile(
 # Symbols outside ASCII (emoji, arrows, maths, box drawing) count twice; CJK and full-width
 # punctuation, which Chinese vocabularies hold as single tokens, once.
 _WIDE = re.compile(r"[^\w\s\x00-\x7f\u3000-\u303f\uff00-\uffef]")
+_SCAN = token_scan.COMPILED
+"""Count ASCII text with :func:`~shuniu.core.token_scan.count_ascii` (compiled, it is the
+faster; interpreted, the regular expressions are)."""
 
 
 def _run_tokens(run: str) -> int:
@@ -97,6 +102,17 @@ def count_tokens(text: str) -> int:
     """The estimated token count of ``text`` (``len(split_tokens(text))``, without building
     the split pieces)."""
     ascii = text.isascii()
+    if ascii and _SCAN:
+        # Compiled: one pass over the bytes (the same count; see core/token_scan.py).
+        return token_scan.count_ascii(
+            text.encode("ascii"), text, LETTERS_PER_TOKEN, DIGITS_PER_TOKEN, RUN_MIN, _run_tokens
+        )
+    return count_by_pattern(text, ascii)
+
+
+def count_by_pattern(text: str, ascii: bool) -> int:
+    """:func:`count_tokens` by the regular expressions (``ascii``: ``text.isascii()``), the
+    estimate's definition (what an interpreted install runs)."""
     found = (_TOKEN_ASCII if ascii else _TOKEN).findall(text)  # a run's text, or "" for any other piece
     n = len(found)
     if any(found):

@@ -85,6 +85,7 @@ PATH_TESTS = [
     "tests/test_scheduling_e2e.py",
     "tests/test_usage_details.py",
     "tests/test_running_loop.py",
+    "tests/test_token_scan.py",
 ]
 """The request path's tests (intake, routing, attempts and retries, delivery, deadlines,
 the record of each request), run again with its steps compiled."""
