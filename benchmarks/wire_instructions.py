@@ -9,6 +9,12 @@ Usage::
     python benchmarks/wire_instructions.py                                  # minimal and full
     python benchmarks/wire_instructions.py --targets full --baseline ../old-tree
     python benchmarks/wire_instructions.py --requests 300,1300 --stream
+    python benchmarks/wire_instructions.py --targets full --profile 40      # where they go
+
+``--profile N`` also prints, for each target, the N functions that spent the most
+instructions per request (``cg_diff`` of the two lengths' per-function counts, read with
+``cg_annotate``): compiled modules show as their own C functions (``CPyDef_...``), the
+interpreter's work as ``_PyEval_EvalFrameDefault`` and the C functions it calls.
 
 Targets are ``benchmarks/peers.py``'s shuniu deployments (``minimal``, ``full``, ``aiohttp``;
 ``redis`` needs a ``redis-server``, which this script does not start) in front of the
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,17 +47,18 @@ _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 def instructions(
     children: Children, tmpdir: Path, target: str, upstream_port: int, key: str, requests: int,
-    stream: bool, baseline: str | None,
+    stream: bool, baseline: str | None, keep: Path | None = None,
 ) -> int:  # fmt: skip
     """The gateway process's instructions over its whole life, serving ``requests`` c=1
-    requests (after 50 of warm-up)."""
+    requests (after 50 of warm-up); ``keep``: where cachegrind writes its per-function
+    counts (else nowhere)."""
     label = f"{target}@base" if baseline else target
     config = tmpdir / f"{label}.yaml"
     config.write_text(deployment(target, upstream_port, key, "redis://127.0.0.1:6379"))
     log = tmpdir / f"{label}-{requests}.valgrind"
     env = {"PYTHONHASHSEED": "0", **({"PYTHONPATH": baseline} if baseline else {})}
     shuniu = str(Path(sys.executable).with_name("shuniu"))
-    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={keep or '/dev/null'}",
            f"--log-file={log}", shuniu, "serve", str(config)]  # fmt: skip
     out = tmpdir / f"{label}-{requests}.log"
     child = children.start(f"{label} under valgrind", cmd, out, env=env, grace=120)
@@ -74,6 +82,8 @@ def main() -> int:
     ap.add_argument("--requests", default="300,1300", help="the two load lengths, c=1 requests")
     ap.add_argument("--stream", action="store_true", help="streamed requests")
     ap.add_argument("--baseline", type=Path, help="also count every target on this source tree")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also print the N functions spending the most instructions per request")  # fmt: skip
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         console.print("[red]valgrind is not installed[/] (apt-get install -y valgrind)")
@@ -86,6 +96,7 @@ def main() -> int:
     handle_signals()
     key = new_key()
     results: dict[str, float] = {}
+    profiles: dict[str, str] = {}
     with Children() as children, tempfile.TemporaryDirectory(prefix="shuniu-wire-") as tmp:
         tmpdir = Path(tmp)
         try:
@@ -97,12 +108,16 @@ def main() -> int:
             with console.status("counting") as status:
                 for target in targets:
                     for suffix, tree in trees:
-                        counts = []
+                        counts, kept = [], []
                         for n in (short, long):
                             status.update(f"{target}{suffix}: {n} requests under valgrind")
+                            keep = tmpdir / f"{target}{suffix}-{n}.cg" if args.profile else None
                             counts.append(instructions(children, tmpdir, target, upstream.port, key, n,
-                                                       args.stream, tree))  # fmt: skip
+                                                       args.stream, tree, keep))  # fmt: skip
+                            kept.append(keep)
                         results[target + suffix] = (counts[1] - counts[0]) / (long - short)
+                        if args.profile:
+                            profiles[target + suffix] = top_functions(kept, long - short, args.profile)
         except (KeyboardInterrupt, RuntimeError) as exc:
             return failed(console.print, exc)
     kind = "streamed" if args.stream else "whole"
@@ -125,7 +140,36 @@ def main() -> int:
     console.print(
         "vs minimal: minimal's count over this one's (its requests/s ratio, if time were instructions)"
     )
+    for name, text in profiles.items():
+        console.print(f"\n[bold]{name}[/]: instructions per request by function", highlight=False)
+        print(text)  # plain: rich would wrap the long names
     return 0
+
+
+_ROW = re.compile(r"^\s*(-?[\d,]+)\s+(?:\(\s*[-\d.]+%\)\s+)?(\S.*)$")
+"""A row of ``cg_annotate``'s function table: the count (with a share in 3.21 and later)."""
+
+
+def top_functions(files: list[Path | None], requests: int, n: int) -> str:
+    """The ``n`` functions with the most instructions per request between the two runs'
+    per-function counts (``cg_diff`` long minus short, divided by the requests between)."""
+    short, long = files
+    diff = short.with_suffix(".diff") if short else None
+    if short is None or long is None or diff is None:
+        return ""
+    with diff.open("w") as out_file:
+        subprocess.run(["cg_diff", str(short), str(long)], stdout=out_file, check=True)
+    out = subprocess.run(["cg_annotate", "--auto=no", "--threshold=0", str(diff)],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    rows: list[tuple[int, str]] = []
+    for line in out.splitlines():
+        found = _ROW.match(line)
+        if found and ":" in found.group(2):
+            where = found.group(2).strip()
+            source, _, function = where.rpartition(":")
+            rows.append((int(found.group(1).replace(",", "")), f"{function}  ({Path(source).name})"))
+    rows.sort(key=lambda row: -row[0])
+    return "\n".join(f"{count / requests:10,.0f}  {where}" for count, where in rows[:n])
 
 
 if __name__ == "__main__":
