@@ -44,10 +44,9 @@ def header_value(text: str) -> bytes:
     """``text`` as the value of a response header that the request path writes from names it
     was given (a model's, a tenant's), with any CR and LF left out: the path vouches that its
     headers hold none (:data:`LENGTH_KEY`)."""
-    value = text.encode()
-    if b"\r" in value or b"\n" in value:
-        value = value.replace(b"\r", b"").replace(b"\n", b"")
-    return value
+    if "\r" in text or "\n" in text:  # (on the str: ``b"\r" in value`` first tries an int, and raises)
+        text = text.replace("\r", "").replace("\n", "")
+    return text.encode()
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -82,7 +81,8 @@ def request_id_from(given: bytes | None) -> str:
             return text
     global _counter
     _counter += 1
-    return f"{_prefix}{_counter:x}"
+    # str(), not an f-string with a format spec, which compiled code runs as str.format.
+    return _prefix + str(_counter)
 
 
 async def read_body(

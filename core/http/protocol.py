@@ -74,6 +74,8 @@ _HIGH_WATER = 65536
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_TASK_NAME = "shuniu-request"
+"""Each request's task's name: given, Python 3.11 does not format a ``Task-<n>`` for it."""
 _JOIN_HEADER = b": ".join
 """``name: value`` of one header (mapped over a response's headers: no comprehension's frame
 and no method look-up per header)."""
@@ -576,7 +578,9 @@ class GatewayProtocol(asyncio.Protocol):
         method = parser.get_method().decode("ascii")
         url = self.url
         query = b""
-        if url[:1] != b"/" or b"?" in url or b"#" in url:
+        # find(), not ``in``: bytes' ``in`` first tries its operand as an int (a TypeError
+        # made and cleared, 1.8 k instructions each).
+        if url[:1] != b"/" or url.find(b"?") >= 0 or url.find(b"#") >= 0:
             # Not a bare path (a query, a fragment, the absolute form): parsed in full. Any:
             # httptools' stubs say bytes where it returns None for a part that is absent.
             parsed: Any = httptools.parse_url(url)
@@ -667,7 +671,9 @@ class GatewayProtocol(asyncio.Protocol):
 
     def _start(self, cycle: _Cycle) -> None:
         self.cycle = cycle
-        task = self.loop.create_task(cycle.run(self.app))
+        # The Task itself, with a name: loop.create_task (uvloop's too) would name it
+        # ``Task-<n>``, formatted for every request. (No loop here sets a task factory.)
+        task = asyncio.Task(cycle.run(self.app), loop=self.loop, name=_TASK_NAME)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
