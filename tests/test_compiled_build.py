@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -148,6 +149,15 @@ def _run_on(site: Path, *argv: str, **env_vars: str) -> subprocess.CompletedProc
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), **env_vars}
     command = [sys.executable, *argv]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=800)
+
+
+def test_the_build_environment_holds_every_runtime_dependency() -> None:
+    # pip builds in an isolated environment holding only the build requirements; mypy needs
+    # the runtime dependencies' types there, or it stops and the install is pure Python
+    # (the wheel below is built without isolation, so it cannot see this).
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    build = set(project["build-system"]["requires"])
+    assert set(project["project"]["dependencies"]) <= build
 
 
 def test_the_build_compiles_the_hot_modules(compiled_site: Path) -> None:
