@@ -108,16 +108,16 @@ def main() -> int:
             with console.status("counting") as status:
                 for target in targets:
                     for suffix, tree in trees:
-                        counts, kept = [], []
-                        for n in (short, long):
+                        counts = []
+                        kept = [tmpdir / f"{target}{suffix}-{n}.cg" for n in (short, long)]
+                        for n, keep in zip((short, long), kept, strict=True):
                             status.update(f"{target}{suffix}: {n} requests under valgrind")
-                            keep = tmpdir / f"{target}{suffix}-{n}.cg" if args.profile else None
+                            out = keep if args.profile else None
                             counts.append(instructions(children, tmpdir, target, upstream.port, key, n,
-                                                       args.stream, tree, keep))  # fmt: skip
-                            kept.append(keep)
+                                                       args.stream, tree, out))  # fmt: skip
                         results[target + suffix] = (counts[1] - counts[0]) / (long - short)
                         if args.profile:
-                            profiles[target + suffix] = top_functions(kept, long - short, args.profile)
+                            profiles[target + suffix] = top_functions(*kept, long - short, args.profile)
         except (KeyboardInterrupt, RuntimeError) as exc:
             return failed(console.print, exc)
     kind = "streamed" if args.stream else "whole"
@@ -150,13 +150,10 @@ _ROW = re.compile(r"^\s*(-?[\d,]+)\s+(?:\(\s*[-\d.]+%\)\s+)?(\S.*)$")
 """A row of ``cg_annotate``'s function table: the count (with a share in 3.21 and later)."""
 
 
-def top_functions(files: list[Path | None], requests: int, n: int) -> str:
-    """The ``n`` functions with the most instructions per request between the two runs'
+def top_functions(short: Path, long: Path, requests: int, n: int) -> str:
+    """The ``n`` functions with the most instructions per request between two runs'
     per-function counts (``cg_diff`` long minus short, divided by the requests between)."""
-    short, long = files
-    diff = short.with_suffix(".diff") if short else None
-    if short is None or long is None or diff is None:
-        return ""
+    diff = short.with_suffix(".diff")
     with diff.open("w") as out_file:
         subprocess.run(["cg_diff", str(short), str(long)], stdout=out_file, check=True)
     out = subprocess.run(["cg_annotate", "--auto=no", "--threshold=0", str(diff)],

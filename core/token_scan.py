@@ -65,15 +65,15 @@ CLASSES: Final = _classes()
 
 
 def count_ascii(
-    data: bytes,
     text: str,
     letters_per_token: int,
     digits_per_token: int,
     run_min: int,
     run_tokens: Callable[[str], int],
 ) -> int:
-    """The estimate of ``text``, whose ASCII bytes are ``data``: its pieces, a run's pieces
-    as ``run_tokens`` counts them."""
+    """The estimate of ``text`` (ASCII only): its pieces, a run's pieces as ``run_tokens``
+    counts them."""
+    data = text.encode("ascii")
     classes = CLASSES
     n = len(data)
     count = 0

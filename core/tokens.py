@@ -104,9 +104,7 @@ def count_tokens(text: str) -> int:
     ascii = text.isascii()
     if ascii and _SCAN:
         # Compiled: one pass over the bytes (the same count; see core/token_scan.py).
-        return token_scan.count_ascii(
-            text.encode("ascii"), text, LETTERS_PER_TOKEN, DIGITS_PER_TOKEN, RUN_MIN, _run_tokens
-        )
+        return token_scan.count_ascii(text, LETTERS_PER_TOKEN, DIGITS_PER_TOKEN, RUN_MIN, _run_tokens)
     return count_by_pattern(text, ascii)
 
 

@@ -18,7 +18,6 @@ from tests import token_corpus
 
 def scan(text: str) -> int:
     return token_scan.count_ascii(
-        text.encode("ascii"),
         text,
         tokens.LETTERS_PER_TOKEN,
         tokens.DIGITS_PER_TOKEN,
