@@ -181,79 +181,147 @@ class RequestPath:
         progress: Progress,
     ) -> None:
         """A routed request: rate limits, the cache, the engine, and the record at the end."""
-        tenancy = self.state.tenancy
-        trace = progress.trace
         watch = Disconnect()
         watch.start(scope, receive, loop)
-        admission: Admission | None = None
-        hold: BudgetHold | None = None
+        held = _Held()
+        raised: BaseException | None = None
+        # No ``finally:`` that awaits (here or in delivery.send_stream): compiled by mypyc
+        # (2.4.1), such a finally raises again an exception that a handler below had
+        # handled, when it reached this coroutine through another compiled one's await (a
+        # client that left became a CancelledError in the server's log). The ends below do
+        # what the finally did, on every way out.
+        try:
+            await self._respond(req, pool, tier, degraded, send, loop, progress, held)
+        except asyncio.CancelledError as exc:
+            if watch.disconnected:
+                progress.outcome = Outcome.CANCELLED
+                progress.status = 499
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+            else:
+                raised = exc
+        except BaseException as exc:
+            raised = exc
+        watch.stop()
+        tenancy = self.state.tenancy
+        admission = held.admission
+        if held.cache_key is not None or (admission is not None and not tenancy.sync):
+            await self._end(req, progress, held)
+        elif admission is not None:
+            identity.settle_now(tenancy, admission, progress)
+        self._close(req, pool, progress, held.hold, loop)
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None  # no cycle: exception -> traceback -> this frame -> exception
+
+    async def _end(self, req: InferenceRequest, progress: Progress, held: _Held) -> None:
+        """The request's ends that await: the response cache's fill and an out-of-process
+        rate-limit store's settle."""
+        cache = self.state.cache
+        if held.cache_key is not None and held.filler is not None and cache is not None:
+            await cache_step.finish(cache, held.cache_key, req, progress, held.filler)
+        admission = held.admission
+        if admission is not None:
+            tenancy = self.state.tenancy
+            if tenancy.sync:
+                identity.settle_now(tenancy, admission, progress)
+            else:
+                await identity.settle(tenancy, admission, progress)
+
+    def _close(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        progress: Progress,
+        hold: BudgetHold | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """The request's last ends: its budget hold, the pool's demand, the record."""
+        governance = self.state.governance
+        budgets = governance.budgets if governance is not None else None
+        if hold is not None and budgets is not None:
+            budget_step.settle(budgets, hold, progress)
+        now = loop.time()
+        if pool.demand is not None and progress.status < 400:
+            pool.demand.finished(now, progress.completion_tokens)
+        self.recorder.finished(req, progress, now)
+
+    async def _respond(
+        self,
+        req: InferenceRequest,
+        pool: Pool,
+        tier: Tier | None,
+        degraded: bytes | None,
+        send: Send,
+        loop: asyncio.AbstractEventLoop,
+        progress: Progress,
+        held: _Held,
+    ) -> None:
+        """Rate limits, budget, the cache and the engine, for :meth:`_serve`; what must be
+        given back at the end is left in ``held``."""
+        tenancy = self.state.tenancy
+        trace = progress.trace
         governance = self.state.governance
         budgets = governance.budgets if governance is not None else None
         cache = self.state.cache
-        cache_key: str | None = None
-        filler: Filler | None = None
-        try:
-            extra: list[tuple[bytes, bytes]] = [] if degraded is None else [(b"x-shuniu-degraded", degraded)]
-            if tenancy.store is not None:
-                try:
-                    if tenancy.sync and trace is None:  # no coroutine for an in-process store
-                        admission = tenancy.acquire_now(req, tier or tenancy.tiers["default"])
-                    else:
-                        admission = await identity.acquire(tenancy, req, tier, trace)
-                except GatewayError as err:
-                    progress.fail(err)
-                    await send_error(send, err, req.id, render=wire_of(req).error)
-                    return
-                if admission is not None:
-                    extra = [*extra, *admission.headers] if extra else admission.headers
-            if budgets is not None:
-                try:
-                    hold = await budget_step.reserve(budgets, req, pool.name)
-                except GatewayError as err:
-                    progress.fail(err)
-                    await send_error(send, err, req.id, render=wire_of(req).error)
-                    return
-                if hold is not None and hold.headers:
-                    extra = [*extra, *hold.headers]
-            if cache is not None:
-                lookup = cache_step.lookup(cache, req, pool, tier, extra, send, loop, progress)
-                cache_key, filler, cache_state = await (
-                    lookup if trace is None else traced(trace, "shuniu.cache", lookup)
-                )
-                if cache_state is cache_step.HIT:
-                    return
-                extra = [*extra, (b"x-shuniu-cache", cache_state)]
-            if req.pooling is not None:
-                await send_pooled(self.attempts, req, pool, send, loop, progress, extra, filler)
-                return
-            req.raw_events = raw_events_allowed(req, filler)
-            opened = await self.attempts.open(req, pool, send, loop, progress, extra)
-            if opened is None:
-                return
-            if req.stream:
-                await send_stream(self.attempts, opened, req, send, loop, progress, extra, filler)
-            else:
-                await send_completion(self.attempts, opened, req, send, loop, progress, extra, filler)
-        except asyncio.CancelledError:
-            if not watch.disconnected:
-                raise
-            progress.outcome = Outcome.CANCELLED
-            progress.status = 499
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
-        finally:
-            watch.stop()
-            if cache_key is not None and filler is not None and cache is not None:
-                await cache_step.finish(cache, cache_key, req, progress, filler)
-            if admission is not None:
-                if tenancy.sync:
-                    identity.settle_now(tenancy, admission, progress)
+        extra: list[tuple[bytes, bytes]] = [] if degraded is None else [(b"x-shuniu-degraded", degraded)]
+        if tenancy.store is not None:
+            try:
+                if tenancy.sync and trace is None:  # no coroutine for an in-process store
+                    admission = tenancy.acquire_now(req, tier or tenancy.tiers["default"])
                 else:
-                    await identity.settle(tenancy, admission, progress)
-            if hold is not None and budgets is not None:
-                budget_step.settle(budgets, hold, progress)
-            now = loop.time()
-            if pool.demand is not None and progress.status < 400:
-                pool.demand.finished(now, progress.completion_tokens)
-            self.recorder.finished(req, progress, now)
+                    admission = await identity.acquire(tenancy, req, tier, trace)
+            except GatewayError as err:
+                progress.fail(err)
+                await send_error(send, err, req.id, render=wire_of(req).error)
+                return
+            if admission is not None:
+                held.admission = admission
+                extra = [*extra, *admission.headers] if extra else admission.headers
+        if budgets is not None:
+            try:
+                hold = await budget_step.reserve(budgets, req, pool.name)
+            except GatewayError as err:
+                progress.fail(err)
+                await send_error(send, err, req.id, render=wire_of(req).error)
+                return
+            if hold is not None:
+                held.hold = hold
+                if hold.headers:
+                    extra = [*extra, *hold.headers]
+        filler: Filler | None = None
+        if cache is not None:
+            lookup = cache_step.lookup(cache, req, pool, tier, extra, send, loop, progress)
+            cache_key, filler, cache_state = await (
+                lookup if trace is None else traced(trace, "shuniu.cache", lookup)
+            )
+            held.cache_key, held.filler = cache_key, filler
+            if cache_state is cache_step.HIT:
+                return
+            extra = [*extra, (b"x-shuniu-cache", cache_state)]
+        if req.pooling is not None:
+            await send_pooled(self.attempts, req, pool, send, loop, progress, extra, filler)
+            return
+        req.raw_events = raw_events_allowed(req, filler)
+        opened = await self.attempts.open(req, pool, send, loop, progress, extra)
+        if opened is None:
+            return
+        if req.stream:
+            await send_stream(self.attempts, opened, req, send, loop, progress, extra, filler)
+        else:
+            await send_completion(self.attempts, opened, req, send, loop, progress, extra, filler)
+
+
+class _Held:
+    """What a request took that its end gives back (see ``RequestPath._serve``)."""
+
+    __slots__ = ("admission", "cache_key", "filler", "hold")
+
+    def __init__(self) -> None:
+        self.admission: Admission | None = None
+        self.hold: BudgetHold | None = None
+        self.cache_key: str | None = None
+        self.filler: Filler | None = None
