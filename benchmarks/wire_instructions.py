@@ -10,6 +10,11 @@ Usage::
     python benchmarks/wire_instructions.py --targets full --baseline ../old-tree
     python benchmarks/wire_instructions.py --requests 300,1300 --stream
     python benchmarks/wire_instructions.py --targets full --profile 40      # where they go
+    python benchmarks/wire_instructions.py --cache-sim                      # and cache misses
+
+``--cache-sim`` also counts, per request, the misses of cachegrind's model of this machine's
+caches (first-level instruction and data, last level): a change in time that the
+instructions do not explain may show there (several times slower under valgrind).
 
 ``--profile N`` also prints, for each target, the N functions that spent the most
 instructions per request (``cg_diff`` of the two lengths' per-function counts, read with
@@ -42,23 +47,29 @@ from shuniu.plugins.auth.api_keys import new_key
 
 HERE = Path(__file__).resolve().parent
 console = Console()
-_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+_COUNTERS = re.compile(r"==\d+== (I|I1|LLi|D|D1|LLd|LL)\s+(refs|misses):\s+([\d,]+)")
+"""A total of cachegrind's summary: ``I refs`` (instructions), and with the cache model the
+misses of each level (``D refs`` and ``D1 misses`` also split into reads and writes)."""
+CACHE_COLUMNS = ("I1 misses", "D1 misses", "LL misses")
+"""The misses ``--cache-sim`` reports per request."""
 
 
 def instructions(
     children: Children, tmpdir: Path, target: str, upstream_port: int, key: str, requests: int,
-    stream: bool, baseline: str | None, keep: Path | None = None,
-) -> int:  # fmt: skip
-    """The gateway process's instructions over its whole life, serving ``requests`` c=1
-    requests (after 50 of warm-up); ``keep``: where cachegrind writes its per-function
-    counts (else nowhere)."""
+    stream: bool, baseline: str | None, keep: Path | None = None, cache_sim: bool = False,
+) -> dict[str, int]:  # fmt: skip
+    """The gateway process's totals over its whole life, serving ``requests`` c=1 requests
+    (after 50 of warm-up): ``I refs`` (instructions), and with ``cache_sim`` the misses of
+    each cache (``I1 misses``, ``D1 misses``, ``LL misses``, ...); ``keep``: where cachegrind
+    writes its per-function counts (else nowhere)."""
     label = f"{target}@base" if baseline else target
     config = tmpdir / f"{label}.yaml"
     config.write_text(deployment(target, upstream_port, key, "redis://127.0.0.1:6379"))
     log = tmpdir / f"{label}-{requests}.valgrind"
     env = {"PYTHONHASHSEED": "0", **({"PYTHONPATH": baseline} if baseline else {})}
     shuniu = str(Path(sys.executable).with_name("shuniu"))
-    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={keep or '/dev/null'}",
+    sim, out_file = "yes" if cache_sim else "no", keep or "/dev/null"
+    cmd = ["valgrind", "--tool=cachegrind", f"--cache-sim={sim}", f"--cachegrind-out-file={out_file}",
            f"--log-file={log}", shuniu, "serve", str(config)]  # fmt: skip
     out = tmpdir / f"{label}-{requests}.log"
     child = children.start(f"{label} under valgrind", cmd, out, env=env, grace=120)
@@ -70,10 +81,13 @@ def instructions(
             *(["--stream"] if stream else [])]  # fmt: skip
     run_loadgen(children, tmpdir, f"{label} x{requests}", args, 1200)
     children.stop(child)  # SIGTERM: the gateway drains and exits, valgrind writes its totals
-    found = _REFS.search(log.read_text(errors="replace"))
-    if found is None:
+    totals = {
+        f"{m[1]} {m[2]}": int(m[3].replace(",", ""))
+        for m in _COUNTERS.finditer(log.read_text(errors="replace"))
+    }
+    if "I refs" not in totals:
         raise RuntimeError(f"no instruction count in {log} (did {label} exit cleanly?)")
-    return int(found.group(1).replace(",", ""))
+    return totals
 
 
 def main() -> int:
@@ -84,6 +98,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, help="also count every target on this source tree")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also print the N functions spending the most instructions per request")  # fmt: skip
+    ap.add_argument("--cache-sim", action="store_true", help="also count cache misses per request (slower)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         console.print("[red]valgrind is not installed[/] (apt-get install -y valgrind)")
@@ -96,6 +111,7 @@ def main() -> int:
     handle_signals()
     key = new_key()
     results: dict[str, float] = {}
+    misses: dict[str, dict[str, float]] = {}
     profiles: dict[str, str] = {}
     with Children() as children, tempfile.TemporaryDirectory(prefix="shuniu-wire-") as tmp:
         tmpdir = Path(tmp)
@@ -114,8 +130,10 @@ def main() -> int:
                             status.update(f"{target}{suffix}: {n} requests under valgrind")
                             out = keep if args.profile else None
                             counts.append(instructions(children, tmpdir, target, upstream.port, key, n,
-                                                       args.stream, tree, out))  # fmt: skip
-                        results[target + suffix] = (counts[1] - counts[0]) / (long - short)
+                                                       args.stream, tree, out, args.cache_sim))  # fmt: skip
+                        per = {k: (counts[1][k] - counts[0].get(k, 0)) / (long - short) for k in counts[1]}
+                        results[target + suffix] = per["I refs"]
+                        misses[target + suffix] = {k: per.get(k, float("nan")) for k in CACHE_COLUMNS}
                         if args.profile:
                             profiles[target + suffix] = top_functions(*kept, long - short, args.profile)
         except (KeyboardInterrupt, RuntimeError) as exc:
@@ -126,6 +144,8 @@ def main() -> int:
     table.add_column("instructions", justify="right")
     table.add_column("vs minimal", justify="right")
     table.add_column("vs its @base", justify="right")
+    for column in CACHE_COLUMNS if args.cache_sim else ():
+        table.add_column(column, justify="right")
     for name, count in results.items():
         plain = name.removesuffix("@base")
         ref = results.get("minimal" + name[len(plain) :])
@@ -135,6 +155,7 @@ def main() -> int:
             f"{count / 1000:,.1f} k",
             f"{ref / count:.3f}" if ref and name != "minimal" and plain != "minimal" else "",
             f"{count / base:.3f}" if base else "",
+            *([f"{v:,.0f}" for v in misses[name].values()] if args.cache_sim else []),
         )
     console.print(table)
     console.print(
