@@ -204,22 +204,6 @@ class RequestPath:
         except BaseException as exc:
             raised = exc
         watch.stop()
-        tenancy = self.state.tenancy
-        admission = held.admission
-        if held.cache_key is not None or (admission is not None and not tenancy.sync):
-            await self._end(req, progress, held)
-        elif admission is not None:
-            identity.settle_now(tenancy, admission, progress)
-        self._close(req, pool, progress, held.hold, loop)
-        if raised is not None:
-            try:
-                raise raised
-            finally:
-                raised = None  # no cycle: exception -> traceback -> this frame -> exception
-
-    async def _end(self, req: InferenceRequest, progress: Progress, held: _Held) -> None:
-        """The request's ends that await: the response cache's fill and an out-of-process
-        rate-limit store's settle."""
         cache = self.state.cache
         if held.cache_key is not None and held.filler is not None and cache is not None:
             await cache_step.finish(cache, held.cache_key, req, progress, held.filler)
@@ -230,24 +214,18 @@ class RequestPath:
                 identity.settle_now(tenancy, admission, progress)
             else:
                 await identity.settle(tenancy, admission, progress)
-
-    def _close(
-        self,
-        req: InferenceRequest,
-        pool: Pool,
-        progress: Progress,
-        hold: BudgetHold | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        """The request's last ends: its budget hold, the pool's demand, the record."""
         governance = self.state.governance
-        budgets = governance.budgets if governance is not None else None
-        if hold is not None and budgets is not None:
-            budget_step.settle(budgets, hold, progress)
+        if held.hold is not None and governance is not None and governance.budgets is not None:
+            budget_step.settle(governance.budgets, held.hold, progress)
         now = loop.time()
         if pool.demand is not None and progress.status < 400:
             pool.demand.finished(now, progress.completion_tokens)
         self.recorder.finished(req, progress, now)
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None  # no cycle: exception -> traceback -> this frame -> exception
 
     async def _respond(
         self,
