@@ -114,11 +114,12 @@ def count_ascii(
     pieces: list[str] | None = None,
 ) -> int:
     """The estimate of ``text`` (ASCII only), read as bytes: its pieces, a run's pieces as
-    ``run_tokens`` counts them. ``classes``: each ASCII character's class (:data:`CLASSES`
-    to count as the ASCII patterns do; the plane's first 128 to split as the Unicode ones
-    do). With ``pieces``, each piece is appended to it too, as ``tokens.split_tokens`` cuts
-    them. The same scan as :func:`count_text` (keep the two alike), over bytes: the scan of
-    a ``str``'s characters measured 2 to 3 times slower on English text."""
+    ``run_tokens`` counts them. ``classes``: each ASCII character's class, by code (only
+    the first 128 entries are read: :data:`CLASSES` to count as the ASCII patterns do,
+    :func:`plane_classes`' table to split as the Unicode ones do). With ``pieces``, each
+    piece is appended to it too, as ``tokens.split_tokens`` cuts them. The same scan as
+    :func:`count_text` (keep the two alike), over bytes: the scan of a ``str``'s characters
+    measured 2 to 3 times slower on English text."""
     data = text.encode("ascii")
     n = len(data)
     count = 0

@@ -162,7 +162,7 @@ def split_tokens(text: str) -> list[str]:
         classes = _plane_classes()
         if text.isascii():
             token_scan.count_ascii(
-                text, classes[:128], LETTERS_PER_TOKEN, DIGITS_PER_TOKEN, RUN_MIN, _run_tokens, pieces
+                text, classes, LETTERS_PER_TOKEN, DIGITS_PER_TOKEN, RUN_MIN, _run_tokens, pieces
             )
         else:
             token_scan.count_text(
