@@ -190,3 +190,50 @@ def test_gateway_polls_ages_and_drops_snapshots() -> None:
     assert seen["gone"] == (None, 0.0)
     ready = seen["ready"]
     assert ready["load"] is None and ready["load_weight"] == 0.0  # type: ignore[index]
+
+
+class _Slow(BackendBase):
+    """A busy engine: its metrics page takes ``delay`` seconds to answer."""
+
+    kind = "slow"
+
+    def __init__(self, spec: object) -> None:
+        self.delay = 3.0
+
+    async def load(self) -> EndpointLoad | None:
+        await asyncio.sleep(self.delay)
+        return EndpointLoad(running=4)
+
+
+class _SlowPlugin:
+    @hookimpl
+    def register_backends(self, register):  # type: ignore[no-untyped-def]
+        register("slow", _Slow)
+
+
+def _slow_snapshot(load_block: str) -> tuple[EndpointLoad | None, float]:
+    plugins = load_plugins(extra=[("test-backends", _SlowPlugin())])
+    text = (
+        f"models:\n  m:\n    load: {load_block}\n"
+        "    health: {interval_s: 1000}\n    endpoints: [{kind: slow}]\n"
+    )
+    resolved = load_deployment("d.yaml", plugins, text=text, env={})
+    seen: list[tuple[EndpointLoad | None, float]] = []
+
+    async def main() -> None:
+        gw = Gateway(resolved, plugins)
+        await gw.start()
+        (slow,) = gw.pools["m"].endpoints
+        await asyncio.sleep(10.0)
+        seen.append((slow.load, slow.load_weight))
+        await gw.stop()
+
+    run_virtual(main())
+    return seen[0]
+
+
+def test_a_slow_metrics_page_needs_a_longer_load_timeout() -> None:
+    # By default a snapshot may take max(interval_s, 1) s: a page answering in 3 s never counts.
+    assert _slow_snapshot("{interval_s: 0.25}") == (None, 0.0)
+    # With timeout_s above the page's time, every snapshot arrives.
+    assert _slow_snapshot("{interval_s: 0.25, timeout_s: 5}") == (EndpointLoad(running=4), 1.0)

@@ -288,6 +288,10 @@ class LoadConfig(_Strict):
 
     interval_s: float = Field(0.5, gt=0)
     """Seconds between load snapshots of each endpoint (``/metrics`` for vLLM)."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Seconds one snapshot may take before it counts as failed (the last one then ages);
+    default: ``interval_s``, at least 1. A busy engine answers its metrics page slowest
+    exactly when its load matters: raise this on heavily loaded hosts."""
     stale_after_s: float = Field(2.0, gt=0)
     """A snapshot older than this counts less and less, and not at all at twice this age;
     balancers then rely on the gateway's own in-flight counts."""

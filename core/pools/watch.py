@@ -115,7 +115,7 @@ class Watchers:
         """Poll the engine's own load; age the last snapshot when polls fail; adapt the
         endpoint's concurrency limit to the engine's backlog."""
         loop = asyncio.get_running_loop()
-        timeout = max(cfg.interval_s, 1.0)
+        timeout = cfg.timeout_s if cfg.timeout_s is not None else max(cfg.interval_s, 1.0)
         shared_s = 3 * cfg.interval_s
         adapted = 0.0
         while True:
