@@ -19,13 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import quiet_ports
+
 __all__ = ["DnsServer", "dns_server"]
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DnsServer:
@@ -33,7 +29,7 @@ class DnsServer:
         self.dir = directory
         self.hosts = directory / "hosts"
         self.hosts.write_text("")
-        self.port = _free_udp_port()
+        self.port = quiet_ports(udp=True)[0]
         self.ttl = ttl
         self.srv = srv or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -43,16 +39,29 @@ class DnsServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> DnsServer:
-        # The port is free for UDP when chosen; dnsmasq also listens on TCP there, which
-        # another process may hold (CI saw "Address already in use"): then take another.
+        # The port was free for UDP and TCP when chosen, below the ephemeral range; should
+        # it be taken meanwhile ("Address already in use"), take another.
         for _ in range(4):
             try:
                 return self._start()
             except RuntimeError as exc:
                 if "Address already in use" not in str(exc):
                     raise
-                self.port = _free_udp_port()
+                self.port = quiet_ports(udp=True)[0]
         return self._start()
+
+    def restart(self, *, timeout: float = 30.0) -> None:
+        """Start again on the same port after :meth:`stop` (a client knows only that one):
+        while the port is still held, wait for it rather than take another."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._start()
+                return
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
 
     def _start(self) -> DnsServer:
         exe = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"

@@ -22,7 +22,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.ports import quiet_ports
 
 __all__ = ["PostgresServer", "postgres_bin", "postgres_server", "postgres_server_factory", "postgres_url"]
 
@@ -51,12 +52,6 @@ def postgres_bin() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_as() -> pwd.struct_passwd | None:
     if os.geteuid() != 0:
         return None
@@ -74,7 +69,7 @@ class PostgresServer:
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.port = _free_port()
+        self.port = quiet_ports()[0]
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="shuniu-pg-"))
         self._data = self._dir / "data"

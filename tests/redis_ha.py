@@ -20,7 +20,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.redis_server import RedisServer, _free_port, redis_server_binary
+from tests.ports import quiet_ports
+from tests.redis_server import RedisServer, redis_server_binary
 
 __all__ = ["RedisCluster", "RedisSentinels", "redis_cluster", "redis_sentinels"]
 
@@ -58,7 +59,7 @@ class _Sentinel:
     """One ``redis-server --sentinel`` process with its own (rewritable) config file."""
 
     def __init__(self, binary: str, directory: str, service: str, primary_port: int) -> None:
-        self.port = _free_port()
+        self.port = quiet_ports()[0]
         self.conf = os.path.join(directory, f"sentinel-{self.port}.conf")
         with open(self.conf, "w") as f:
             f.write(
@@ -196,7 +197,7 @@ class RedisCluster:
                         "1000",
                         # The bus port defaults to port + 10000, past 65535 for high ports.
                         "--cluster-port",
-                        str(_free_port()),
+                        str(quiet_ports()[0]),
                     ],
                 )
                 server.start()

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
+from tests.ports import quiet_ports
+
 __all__ = ["RedisServer", "redis_server", "redis_server_factory", "redis_url"]
 
 _START_TIMEOUT_S = 10.0
@@ -33,12 +35,6 @@ _START_TIMEOUT_S = 10.0
 def redis_server_binary() -> str | None:
     """The ``redis-server`` to run, or ``None`` when there is none."""
     return os.environ.get("SHUNIU_REDIS_SERVER") or shutil.which("redis-server")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _resp(*args: str) -> bytes:
@@ -63,7 +59,7 @@ class RedisServer:
         extra_args: Sequence[str] = (),
     ) -> None:
         self.binary = binary
-        self.port = port or _free_port()
+        self.port = port or quiet_ports()[0]
         self.password = password
         self.extra_args = list(extra_args)
         """More ``redis-server`` arguments (replication, cluster mode, ...)."""

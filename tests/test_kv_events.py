@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from shuniu.core.kv_events import (
 from shuniu.core.pools.prefix import prefix_hashes
 from shuniu.core.traffic import synthetic_ids
 from shuniu.core.types import InferenceRequest
+from tests.ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = Path(os.environ.get("SHUNIU_VLLM_VENV") or ROOT / ".venv-vllm") / "bin" / "python"
@@ -187,9 +187,7 @@ def test_the_simulators_events_agree_with_its_cache_block_for_block() -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return quiet_ports()[0]  # a publisher binds it later
 
 
 async def _until(predicate, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -343,7 +341,7 @@ def test_precise_prefix_predicts_shuniu_sim_serve_engines_hits_exactly(tmp_path:
         text, special = prompt
         return tokenizer.ids_text(text, special_tokens=special)
 
-    kv_ports = [_free_port(), _free_port()]
+    kv_ports = quiet_ports(2)  # bound by the engines seconds later
 
     def engine(port: int) -> GatewayProcess:
         config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}

@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import pytest
 
 from tests.conftest import GatewayProcess, start_gateway, wait_until
 from tests.kv_exactness import Cluster, exactness_scenario, system_prompt, table
+from tests.ports import quiet_ports
 from tests.test_launcher_real import _tails, vllm_launch
 from tests.test_vllm_real import MODEL_DIR, _ensure_model, real_vllm_marks
 
@@ -50,32 +50,6 @@ BLOCK = 32
 ENDPOINTS = ("chat-0", "chat-1")
 
 
-def _free_runs(count: int, width: int) -> list[int]:
-    """``count`` port numbers P, each with P..P+width-1 free on 127.0.0.1 now and no two runs
-    overlapping, below the kernel's ephemeral range (see ``test_launcher_real``)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    found: list[int] = []
-    while len(found) < count:
-        port = rng.randrange(10_000, max(10_000 + width + 1, low - width))
-        if any(abs(port - p) < width for p in found):
-            continue
-        socks = [socket.socket() for _ in range(width)]
-        try:
-            for k, s in enumerate(socks):
-                s.bind(("127.0.0.1", port + k))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        found.append(port)
-    return found
-
-
 def _deployment(http: int, kv: int, replay: int, logs: Path) -> str:
     return f"""
 gateway: {{graceful_shutdown_s: 30}}
@@ -83,7 +57,7 @@ models:
   chat:
     tokenizer: {json.dumps(str(MODEL_DIR))}
     health: {{interval_s: 0.5, timeout_s: 10, unhealthy_after: 3}}
-    load: {{interval_s: 0.25}}
+    load: {{interval_s: 0.25, timeout_s: 10}}
     balancer: {{policy: precise_prefix, options: {{recent_s: 0.001}}}}
     endpoints:
       - kind: vllm
@@ -132,7 +106,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     _ensure_model()
     tmp = tmp_path_factory.mktemp("kv-events-real")
     logs = tmp / "logs"
-    http, kv, replay = _free_runs(3, 2)
+    http, kv, replay = quiet_ports(3, 2)
     gw = start_gateway(_deployment(http, kv, replay, logs), tmp)
     try:
         try:

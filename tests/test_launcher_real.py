@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,35 +32,13 @@ import pytest
 from shuniu.backends.vllm.metrics import parse_vllm_metrics
 from shuniu.core.pools.launcher import _live_members
 from tests.conftest import GatewayProcess, start_gateway, wait_until
+from tests.ports import quiet_ports
 from tests.test_vllm_real import MODEL_DIR, PYTHON, VERSION, _ensure_model, real_vllm_marks
 
 pytestmark = real_vllm_marks("launches two real vLLM servers (~2 min, ~5 GB RAM)", 1200)
 
 MAX_CONCURRENCY = 4
 """Per endpoint of ``chat``: more requests than 2 x this wait in the gateway's queue."""
-
-
-def _two_free_ports() -> int:
-    """P such that P and P+1 are both free on 127.0.0.1 now, chosen below the kernel's
-    ephemeral range: the engines bind a minute later, and an ephemeral port can be taken
-    meanwhile by any outgoing connection on the machine (it happened: P+1 was)."""
-    import random
-
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10_000, max(10_002, low - 2))
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def vllm_launch(port: int, logs: Path, *args: str) -> str:
@@ -154,7 +131,7 @@ def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Managed]:
     tmp = tmp_path_factory.mktemp("launcher-real")
     logs = tmp / "logs"
     started = time.monotonic()
-    gw = start_gateway(_deployment(_two_free_ports(), logs), tmp)
+    gw = start_gateway(_deployment(quiet_ports(1, 2)[0], logs), tmp)
     try:
         try:
             wait_until(lambda: _all_ready(gw) and _all_ready(gw, "chat-rr"), timeout=600, interval=1.0)

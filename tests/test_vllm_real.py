@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from shuniu.backends.vllm.options import VllmOptions
 from shuniu.core.contracts import EndpointSpec
 from shuniu.core.types import EndpointLoad, InferenceRequest, Principal
 from tests.conftest import wait_until
+from tests.ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("SHUNIU_VLLM_VENV") or ROOT / ".venv-vllm")
@@ -94,12 +94,6 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ensure_model() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     try:
@@ -141,7 +135,7 @@ def serve_vllm(args: list[str], log: Path) -> Iterator[Server]:
     """``vllm serve`` of the tiny model on a free 127.0.0.1 port with ``args``, healthy
     (or the test fails with the log's tail), stopped with its process group at the end."""
     _ensure_model()
-    port = _free_port()
+    port = quiet_ports()[0]  # bound by vLLM a minute later
     cmd = [
         str(PYTHON),
         "-m",
