@@ -143,9 +143,12 @@ async def test_a_cancel_ends_what_did_not_run_and_lets_go_of_a_dead_gateways_req
 ) -> None:
     dead, runner = await queues(SHORT), await queues(SHORT)
     batch = await _started(dead, 4)
-    (held,) = await dead.claim(["batch_1"], 1, SHORT)
+    # A 1 s lease: it must still hold when the runner claims next (a lapsed one would be
+    # claimed again, lowest index first), however slow the machine; it lapses in the loop below.
+    (held,) = await dead.claim(["batch_1"], 1, 1.0)
     assert held.idx == 0
     (mine,) = await runner.claim(["batch_1"], 1, 60)
+    assert mine.idx == 1
     assert await runner.move(batch, ("in_progress",), "cancelling")
     await runner.end_open("batch_1", "cancelled", running_too=False)
     counts = (await runner.counts(["batch_1"]))["batch_1"]

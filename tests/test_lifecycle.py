@@ -69,7 +69,7 @@ def test_disconnect_while_queued_frees_nothing_twice(gateway_factory) -> None:  
     hold = {
         "model": "slow",
         "messages": [{"role": "user", "content": "a"}],
-        "max_tokens": 25,
+        "max_tokens": 100,  # 2 s at 50 tokens/s: the queued client gives up well before
         "ignore_eos": True,
     }
     with httpx.Client(timeout=30) as client, httpx.Client(timeout=30) as other:
@@ -88,12 +88,12 @@ def test_disconnect_while_queued_frees_nothing_twice(gateway_factory) -> None:  
         ep = wait_until(
             lambda: (
                 (e := _endpoint(client, gw.url))["in_flight"] == 0
-                and e["load"]["generated_tokens"] >= 25
+                and e["load"]["generated_tokens"] >= 100
                 and e
             )
         )
         # The abandoned request never reached the engine, and no slot leaked.
-        assert ep["load"]["generated_tokens"] == 25
+        assert ep["load"]["generated_tokens"] == 100
         assert (ep["completed"], ep["errors"], ep["load"]["running"]) == (1, 0, 0)
         resp = client.post(f"{gw.base_url}/chat/completions", json={**hold, "max_tokens": 3})
         assert resp.status_code == 200

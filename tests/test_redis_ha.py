@@ -189,10 +189,10 @@ auth:
           - {{id: few, hash: "{hash_key(KEYS["few"])}", tenant: few, tier: std, limits: {{rpm: 3}}}}
 rate_limits:
   store: redis
-  options: {{url: "{url}", on_error: open, timeout_s: 0.3, retry_interval_s: 0.2}}
+  options: {{url: "{url}", on_error: open, timeout_s: 2, retry_interval_s: 0.2}}
 cache:
   store: redis
-  options: {{url: "{url}", timeout_s: 0.3, retry_after_s: 0.2}}
+  options: {{url: "{url}", timeout_s: 2, retry_after_s: 0.2}}
 fleet: {{redis_url: "{url}", sync_interval_s: 0.05, timeout_s: 0.3}}
 models:
   chat:

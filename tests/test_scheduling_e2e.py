@@ -74,7 +74,7 @@ def test_premium_overtakes_free_and_a_full_tier_queue_gets_429(tiers_gateway) ->
             client.chat.completions.create(
                 model="chat",
                 messages=[{"role": "user", "content": tier}],
-                max_tokens=3,
+                max_tokens=30,  # 0.6 s each: the finishing order is the serving order
                 extra_headers=_headers(tier),
             )
             finished.append(tier)

@@ -37,10 +37,10 @@ auth:
           - {{id: shared, hash: "{hash_key(KEYS["shared"])}", tenant: s, tier: std, limits: {{rpm: 200}}}}
 rate_limits:
   store: redis
-  options: {{url: "{url}", on_error: {on_error}, timeout_s: 0.2, retry_interval_s: 0.2}}
+  options: {{url: "{url}", on_error: {on_error}, timeout_s: 2, retry_interval_s: 0.2}}
 cache:
   store: redis
-  options: {{url: "{url}", timeout_s: 0.2, retry_after_s: 0.2}}
+  options: {{url: "{url}", timeout_s: 2, retry_after_s: 0.2}}
 models:
   chat:
     health: {{interval_s: 0.05}}

@@ -577,8 +577,10 @@ async def _idle(b: TrtllmServeBackend) -> EndpointLoad | None:
 async def test_serve_statistics_blocked_by_a_busy_server_go_stale() -> None:
     # trtllm-serve holds /metrics open while iterations keep coming: a long stream keeps
     # the read from answering, the read times out and the snapshot is not reported.
+    # A read the idle server answers in 0.2 s must not time out on a loaded machine (its
+    # statistics would be lost): 1 s; the 400-token stream (8 s) outlasts several timeouts.
     with FakeTrtllmServe(iteration_s=0.02, stats_wait_s=0.2) as fake:
-        b = _serve(fake.url, load_from="stats", stats_timeout_s=0.4, stats_max_age_s=0.5)
+        b = _serve(fake.url, load_from="stats", stats_timeout_s=1.0, stats_max_age_s=1.5)
         await b.start()
         try:
             await b.complete(_completion(max_tokens=2))

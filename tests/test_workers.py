@@ -123,7 +123,7 @@ def test_sigterm_drains_every_worker(gw: GatewayProcess) -> None:
         body = {
             "model": "slow",
             "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 20,
+            "max_tokens": 100,
             "stream": True,
         }
         body["ignore_eos"] = True
@@ -137,7 +137,8 @@ def test_sigterm_drains_every_worker(gw: GatewayProcess) -> None:
     threads = [threading.Thread(target=stream) for _ in range(8)]
     for t in threads:
         t.start()
-    # Each worker has streams running (a second at 20 tokens/s) before the signal.
+    # Each worker has streams running (5 s at 20 tokens/s: long enough for all eight to
+    # have started on a loaded machine) before the signal.
     wait_until(lambda: sum(m["in_flight"] for m in _in_flight(gw.url)) >= 8, timeout=10)
     code = gw.stop(signal.SIGTERM, timeout=60)
     for t in threads:
