@@ -186,10 +186,6 @@ def test_the_simulators_events_agree_with_its_cache_block_for_block() -> None:
     assert index.blocks(0) == core.pool.cached
 
 
-def _free_port() -> int:
-    return quiet_ports()[0]  # a publisher binds it later
-
-
 async def _until(predicate, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + within
     while not predicate():
@@ -201,7 +197,7 @@ async def test_zmq_subscriber_follows_a_publisher_and_replays_fill_what_it_misse
     pytest.importorskip("zmq")
     from shuniu.core.kv_events.zmq_transport import ZmqPublisher, ZmqSubscriber
 
-    pub_port, replay_port = _free_port(), _free_port()
+    pub_port, replay_port = quiet_ports(2)
     replay = f"tcp://127.0.0.1:{replay_port}"
     publisher = ZmqPublisher(f"tcp://*:{pub_port}", topic="kv-events", replay_endpoint=replay)
     index = KvBlockIndex()
@@ -238,7 +234,7 @@ async def test_without_a_replay_socket_a_gap_clears_the_endpoint() -> None:
     pytest.importorskip("zmq")
     from shuniu.core.kv_events.zmq_transport import ZmqPublisher, ZmqSubscriber
 
-    port = _free_port()
+    port = quiet_ports()[0]
     publisher = ZmqPublisher(f"tcp://*:{port}")
     index = KvBlockIndex()
     feed = KvEventFeed(index, 0, "engine-0")
@@ -269,7 +265,7 @@ async def test_shuniu_sim_serve_publishes_vllms_events_and_a_restart_clears_its_
     from shuniu.core.kv_events.zmq_transport import ZmqSubscriber
     from tests.test_sim_serve import start_sim_server
 
-    port = _free_port()
+    port = quiet_ports()[0]
     address = f"tcp://127.0.0.1:{port}"  # no wildcard: the engine connects, the subscriber binds
     config = json.dumps(
         {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": address, "topic": "kv-events"}

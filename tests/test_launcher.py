@@ -37,6 +37,7 @@ from shuniu.core.pools.launcher import (
     plan_engine,
 )
 from tests.conftest import GatewayProcess, start_gateway, wait_until
+from tests.ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = [
@@ -549,7 +550,7 @@ async def test_stop_kills_the_whole_group_after_the_grace(tmp_path: Path) -> Non
     cfg = LaunchConfig(command=["sh", "-c", script, "{port}"], stop_grace_s=0.3, log_dir=str(tmp_path))
     downs: list[bool] = []
     engine = ManagedEngine(
-        plan_engine(cfg, model="m", name="m-0", replica=0, port=_free_port()),
+        plan_engine(cfg, model="m", name="m-0", replica=0, port=quiet_ports()[0]),
         on_down=lambda: downs.append(True),
     )
     engine.start()
@@ -575,7 +576,7 @@ async def test_a_command_that_cannot_start_is_counted(tmp_path: Path) -> None:
         log_dir=str(tmp_path),
         restart={"max_restarts": 1, "backoff_s": 0},  # type: ignore[arg-type]
     )
-    engine = ManagedEngine(plan_engine(cfg, model="m", name="m-0", replica=0, port=_free_port()))
+    engine = ManagedEngine(plan_engine(cfg, model="m", name="m-0", replica=0, port=quiet_ports()[0]))
     engine.start()
     try:
         await _eventually(lambda: engine.state is EngineState.FAILED)
@@ -583,14 +584,6 @@ async def test_a_command_that_cannot_start_is_counted(tmp_path: Path) -> None:
         assert engine.snapshot()["pid"] is None
     finally:
         await engine.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _eventually(predicate: Any, within_s: float = 10.0) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -59,6 +58,7 @@ from shuniu.core.errors import GatewayError
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest
 from tests.conftest import wait_until
 from tests.fake_tgi import FakeTGI, rust_float
+from tests.ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
@@ -113,12 +113,6 @@ async def _eventually(check: Callable[[], Awaitable[Any]], within_s: float = 10.
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {within_s} s (last value: {value!r})")
         await asyncio.sleep(0.02)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -561,7 +555,7 @@ async def test_failures_mid_stream(fakes: Callable[..., FakeTGI], api: str) -> N
 
 
 async def test_unreachable_slow_and_unauthorised(fakes: Callable[..., FakeTGI]) -> None:
-    async with _running(f"http://127.0.0.1:{_free_port()}") as b:
+    async with _running(f"http://127.0.0.1:{quiet_ports()[0]}") as b:
         assert b.max_model_len is None and b.info_problem is not None and "/info" in b.info_problem
         for req in (_completion(stream=True), _chat()):
             with pytest.raises(GatewayError) as err:
@@ -617,7 +611,7 @@ async def test_health_and_info(fakes: Callable[..., FakeTGI]) -> None:
 
 
 async def test_a_server_that_comes_up_later() -> None:
-    port = _free_port()
+    port = quiet_ports()[0]
     async with _running(f"http://127.0.0.1:{port}") as b:
         assert not (await b.health()).ok
         with pytest.raises(aiohttp.ClientError):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -62,6 +61,7 @@ from shuniu.core.errors import GatewayError
 from shuniu.core.types import Chunk, EndpointLoad, Health, InferenceRequest, Principal
 from tests.conftest import wait_until
 from tests.fake_trtllm import FakeTriton, FakeTrtllmServe
+from tests.ports import quiet_ports
 
 DATA = Path(__file__).parent / "data"
 SERVED = "TinyLlama-1.1B-Chat-v1.0"
@@ -126,12 +126,6 @@ async def _eventually(check: Callable[[], Awaitable[Any]], within_s: float = 10.
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {within_s} s (last value: {value!r})")
         await asyncio.sleep(0.02)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- parsers on recorded pages -----------------------------------------------------------------
@@ -504,7 +498,7 @@ async def test_serve_faults_and_cancellation() -> None:
 
 
 async def test_serve_down() -> None:
-    b = _serve(f"http://127.0.0.1:{_free_port()}")
+    b = _serve(f"http://127.0.0.1:{quiet_ports()[0]}")
     await b.start()  # a server that is not up is not an error at start
     try:
         assert b.served_model is None and b.model_problem is not None
@@ -920,7 +914,7 @@ async def test_triton_health() -> None:
         finally:
             await b.stop()
             await missing.stop()
-    down = _triton(f"http://127.0.0.1:{_free_port()}")
+    down = _triton(f"http://127.0.0.1:{quiet_ports()[0]}")
     await down.start()
     try:
         health = await down.health()

@@ -9,7 +9,6 @@ The run against a real vLLM server is ``tests/test_vllm_real.py`` (opt-in).
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from shuniu.core.contracts import EndpointSpec
 from shuniu.core.errors import GatewayError
 from shuniu.core.types import EndpointLoad, Health, InferenceRequest, Principal
 from tests.conftest import GatewayProcess, start_process, wait_until
+from tests.ports import quiet_ports
 from tests.test_openai_backend import ScriptedUpstream
 
 DATA = Path(__file__).parent / "data"
@@ -437,15 +437,9 @@ async def test_prefix_counters_grow_on_a_repeated_long_prompt(sims: list[Gateway
         await b.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_a_server_that_is_down_or_stops() -> None:
     # Not up at start: start() succeeds, health says why, load() raises, requests get 502.
-    b = _backend(f"http://127.0.0.1:{_free_port()}")
+    b = _backend(f"http://127.0.0.1:{quiet_ports()[0]}")
     await b.start()
     try:
         assert b.served_model is None and b.model_problem is not None and "/v1/models" in b.model_problem
